@@ -1,0 +1,39 @@
+"""Ember: a compiler for PyTorch programs.
+
+    import ember
+    fast = ember.compile(model, backend="inductor")
+    ember.list_backends()
+"""
+
+from __future__ import annotations
+
+from . import config
+from ._logging import set_logs
+from .api import OptimizedModule, compile, disable, is_compiling, reset
+from .exc import (BackendCompilerFailed, BackendConflict, BackendLoadError, BackendNotFound,
+                  EmberError, GraphBreakError, NotImplementedYet, Unsupported)
+from .hookspecs import hookimpl
+from .plugins import Backend, get_backend, list_backends, register_backend
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "compile", "disable", "reset", "is_compiling", "list_backends", "register_backend",
+    "get_backend", "Backend", "hookimpl", "OptimizedModule", "config", "set_logs",
+    "EmberError", "BackendNotFound", "BackendLoadError", "BackendConflict", "BackendCompilerFailed",
+    "Unsupported", "GraphBreakError", "NotImplementedYet", "allow_in_graph", "explain",
+]
+
+
+def allow_in_graph(fn):  # noqa: ANN001, ANN201 - documented in the user guide
+    """Call ``fn`` inside the graph as one opaque node instead of tracing into it."""
+    from .capture.frame import mark_allow_in_graph
+
+    return mark_allow_in_graph(fn)
+
+
+def explain(fn, **compile_kwargs):  # noqa: ANN001, ANN201
+    """``ember.explain(fn)(*args)`` runs fn once under Ember and returns an ExplainReport."""
+    from .capture.explain import explain as _explain
+
+    return _explain(fn, **compile_kwargs)

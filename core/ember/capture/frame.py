@@ -1,0 +1,229 @@
+"""The runtime side of capture: per-code-object caches of compiled entries, guard dispatch,
+recompilation and fallback to eager.
+
+A compiled entry is one generated Python function with the *same signature* as the user's
+function. Its body checks the guards (returning the ``MISS`` sentinel when one fails), fetches the
+graph inputs by their sources, calls the backend's compiled graph, replays side effects and
+rebuilds the return value. Dispatch is therefore a loop over entries with one native call each.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import types
+from typing import Any, Callable
+
+import torch
+
+from .. import config, events
+from ..exc import EmberError, GraphBreakError, Unsupported
+
+__all__ = ["CompiledFunction", "MISS", "reset_caches", "is_compiling", "mark_disabled",
+           "mark_allow_in_graph"]
+
+log = logging.getLogger("ember.capture")
+fallback_log = logging.getLogger("ember.fallback")
+recompile_log = logging.getLogger("ember.recompiles")
+
+
+class _Miss:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "MISS"
+
+
+MISS = _Miss()
+
+_tls = threading.local()
+
+
+def is_compiling() -> bool:
+    return getattr(_tls, "depth", 0) > 0
+
+
+class _Compiling:
+    def __enter__(self) -> None:
+        _tls.depth = getattr(_tls, "depth", 0) + 1
+
+    def __exit__(self, *exc: Any) -> None:
+        _tls.depth -= 1
+
+
+#: Functions marked by ember.disable / allow_in_graph (by code object for functions).
+_disabled: set[Any] = set()
+_allow_in_graph: set[Any] = set()
+#: All live CompiledFunction caches, so ember.reset() can clear them.
+_all_caches: list["CodeCache"] = []
+
+
+def _key(fn: Any) -> Any:
+    return getattr(fn, "__code__", fn)
+
+
+def mark_disabled(fn: Any) -> Any:
+    _disabled.add(_key(fn))
+    return fn
+
+
+def is_disabled(fn: Any) -> bool:
+    return _key(fn) in _disabled
+
+
+def mark_allow_in_graph(fn: Any) -> Any:
+    _allow_in_graph.add(_key(fn))
+    return fn
+
+
+def is_allowed_in_graph(fn: Any) -> bool:
+    return _key(fn) in _allow_in_graph
+
+
+class CodeCache:
+    """Entries for one code object (one user function), most recent first."""
+
+    __slots__ = ("code", "entries", "misses", "given_up", "last_failed_guard", "__weakref__")
+
+    def __init__(self, code: types.CodeType):
+        self.code = code
+        self.entries: list[Callable[..., Any]] = []
+        self.misses = 0
+        self.given_up: str | None = None
+        self.last_failed_guard: str | None = None
+
+
+_code_caches: dict[types.CodeType, CodeCache] = {}
+
+
+def cache_for(code: types.CodeType) -> CodeCache:
+    c = _code_caches.get(code)
+    if c is None:
+        c = _code_caches[code] = CodeCache(code)
+    return c
+
+
+def reset_caches() -> None:
+    for c in _code_caches.values():
+        c.entries.clear()
+        c.misses = 0
+        c.given_up = None
+    _code_caches.clear()
+
+
+def _user_location(fn: Any) -> str:
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return repr(fn)
+    return f"{code.co_filename}:{code.co_firstlineno} in {code.co_name}"
+
+
+class CompiledFunction:
+    """What ``ember.compile(fn)`` returns (for modules, what OptimizedModule calls)."""
+
+    def __init__(self, fn: Callable[..., Any], backend: Any, options: dict[str, Any], *,
+                 fullgraph: bool = False, bound_self: Any = None, dynamic: bool | None = None):
+        self.fn = fn
+        self.backend = backend
+        self.options = options
+        self.fullgraph = fullgraph
+        self.bound_self = bound_self
+        self.dynamic = dynamic
+        code = getattr(fn, "__code__", None)
+        if code is None:
+            raise TypeError(f"ember.compile: cannot compile {fn!r}: it has no Python bytecode "
+                            "(builtin or C function). Compile the Python function that calls it.")
+        self.cache = cache_for(code)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.bound_self is not None:
+            args = (self.bound_self, *args)
+        if is_compiling() or _key(self.fn) in _disabled:
+            return self.fn(*args, **kwargs)
+        cache = self.cache
+        for entry in cache.entries:
+            out = entry(*args, **kwargs)
+            if out is not MISS:
+                return out
+        if cache.given_up is not None:
+            return self.fn(*args, **kwargs)
+        return self._compile_and_call(args, kwargs)
+
+    def _compile_and_call(self, args: tuple, kwargs: dict) -> Any:
+        cache = self.cache
+        if cache.entries:
+            cache.misses += 1
+            events.counters["stats"]["recompiles"] += 1
+            reason = self._failed_guard(args, kwargs)
+            cache.last_failed_guard = reason
+            recompile_log.info("recompiling %s: guard failed: %s", _user_location(self.fn), reason)
+            events.emit("recompile", function=_user_location(self.fn), reason=reason)
+            if cache.misses >= config.recompile_limit:
+                cache.given_up = reason
+                log.warning(
+                    "ember: %s hit the recompile limit (%d); it now runs eagerly. The guard that "
+                    "kept failing: %s. Raise ember.config.recompile_limit or make that value "
+                    "stable across calls.", _user_location(self.fn), config.recompile_limit, reason)
+                return self.fn(*args, **kwargs)
+        try:
+            entry = self._compile(args, kwargs)
+        except (GraphBreakError, Unsupported) as e:
+            if self.fullgraph:
+                raise
+            self._fallback(e)
+            return self.fn(*args, **kwargs)
+        except EmberError as e:
+            if self.fullgraph or not config.suppress_errors or _is_user_error(e):
+                raise
+            self._fallback(e)
+            return self.fn(*args, **kwargs)
+        except Exception as e:  # internal error: never crash the user's program
+            if not config.suppress_errors:
+                raise
+            self._fallback(e, internal=True)
+            return self.fn(*args, **kwargs)
+        if entry is None:
+            return self.fn(*args, **kwargs)
+        cache.entries.insert(0, entry)
+        out = entry(*args, **kwargs)
+        if out is MISS:  # guards must hold on the inputs they were built from
+            log.warning("ember: fresh entry for %s rejected its own inputs; running eagerly",
+                        _user_location(self.fn))
+            cache.entries.remove(entry)
+            return self.fn(*args, **kwargs)
+        return out
+
+    def _fallback(self, e: BaseException, internal: bool = False) -> None:
+        events.counters["stats"]["fallbacks"] += 1
+        kind = "internal error" if internal else "unsupported"
+        fallback_log.info("ember: running %s eagerly (%s): %s", _user_location(self.fn), kind, e,
+                          exc_info=config.verbose or internal and log.isEnabledFor(logging.DEBUG))
+        if internal:
+            log.warning("ember: internal error while compiling %s; running it eagerly: %s: %s",
+                        _user_location(self.fn), type(e).__name__, e)
+        events.emit("fallback", function=_user_location(self.fn), reason=str(e))
+        self.cache.given_up = str(e)
+
+    def _failed_guard(self, args: tuple, kwargs: dict) -> str:
+        for entry in self.cache.entries:
+            explain = getattr(entry, "failed_guard", None)
+            if explain is not None:
+                r = explain(*args, **kwargs)
+                if r:
+                    return r
+        return "<unknown>"
+
+    def _compile(self, args: tuple, kwargs: dict) -> Callable[..., Any] | None:
+        from .convert import convert_frame
+
+        with _Compiling():
+            return convert_frame(self.fn, args, kwargs, backend=self.backend, options=self.options,
+                                 fullgraph=self.fullgraph)
+
+
+def _is_user_error(e: BaseException) -> bool:
+    from ..exc import BackendLoadError, BackendNotFound, NotImplementedYet
+
+    return isinstance(e, (BackendNotFound, BackendLoadError, NotImplementedYet)) or (
+        "inference-only" in str(e))

@@ -1,0 +1,61 @@
+"""Ember configuration.
+
+Every setting is a module attribute with a default; an ``EMBER_<NAME>`` environment variable
+overrides it at import time (``EMBER_RECOMPILE_LIMIT=4``). Change settings at run time by plain
+assignment (``ember.config.recompile_limit = 4``) or temporarily with :func:`patch`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, Iterator
+
+__all__ = ["recompile_limit", "suppress_errors", "verbose", "cache_dir", "patch"]
+
+#: Guard misses for one code object before Ember gives up and runs it eagerly.
+recompile_limit: int = 8
+#: Internal compile errors fall back to eager (True) or are raised (False, for debugging Ember).
+suppress_errors: bool = True
+#: Log full tracebacks of internal errors, not only their one-line reason.
+verbose: bool = False
+#: Root of Ember's on-disk caches.
+cache_dir: str = os.path.join(os.path.expanduser("~"), ".cache", "ember")
+#: Inline calls to user functions up to this depth (deeper calls are a graph break).
+max_inline_depth: int = 64
+
+
+def _coerce(current: Any, raw: str) -> Any:
+    if isinstance(current, bool):
+        return raw.strip().lower() in ("1", "true", "yes", "on")
+    if isinstance(current, int):
+        return int(raw)
+    if isinstance(current, float):
+        return float(raw)
+    return raw
+
+
+def _apply_env() -> None:
+    g = globals()
+    for name in ("recompile_limit", "suppress_errors", "verbose", "cache_dir", "max_inline_depth"):
+        raw = os.environ.get("EMBER_" + name.upper())
+        if raw is not None:
+            g[name] = _coerce(g[name], raw)
+
+
+@contextlib.contextmanager
+def patch(**settings: Any) -> Iterator[None]:
+    """Temporarily change settings: ``with ember.config.patch(recompile_limit=2): ...``."""
+    g = globals()
+    unknown = [k for k in settings if k not in g or k.startswith("_")]
+    if unknown:
+        raise AttributeError(f"ember.config has no setting(s) {unknown}")
+    old = {k: g[k] for k in settings}
+    g.update(settings)
+    try:
+        yield
+    finally:
+        g.update(old)
+
+
+_apply_env()

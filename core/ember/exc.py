@@ -1,0 +1,57 @@
+"""Exceptions raised by Ember. Every message says what went wrong, where, and what to do."""
+
+from __future__ import annotations
+
+__all__ = [
+    "EmberError",
+    "BackendNotFound",
+    "BackendLoadError",
+    "BackendConflict",
+    "BackendCompilerFailed",
+    "Unsupported",
+    "GraphBreakError",
+    "NotImplementedYet",
+]
+
+
+class EmberError(RuntimeError):
+    """Base class of Ember's errors."""
+
+
+class BackendNotFound(EmberError, LookupError):
+    """``backend=`` names a backend that no installed plugin provides."""
+
+
+class BackendLoadError(EmberError):
+    """A plugin's module failed to import; carries the plugin and distribution names."""
+
+
+class BackendConflict(EmberError):
+    """Two plugins declare the same backend name."""
+
+
+class BackendCompilerFailed(EmberError):
+    """A backend raised while compiling a graph."""
+
+
+class NotImplementedYet(EmberError, NotImplementedError):
+    """A declared backend whose capability is not built yet."""
+
+
+class Unsupported(EmberError):
+    """Capture met something it cannot trace. With ``fullgraph=True`` this reaches the user."""
+
+    def __init__(self, msg: str, *, where: str | None = None, hint: str | None = None):
+        self.reason = msg
+        self.where = where
+        self.hint = hint
+        text = msg
+        if where:
+            text += f"\n  at {where}"
+        if hint:
+            text += f"\n  {hint}"
+        super().__init__(text)
+
+
+class GraphBreakError(EmberError):
+    """``fullgraph=True`` and the function does not capture as one graph; lists every break."""
