@@ -19,21 +19,32 @@ counters: collections.defaultdict[str, collections.Counter] = collections.defaul
 
 @dataclasses.dataclass(frozen=True)
 class CompileEvent:
+    """What an ``ember_compile_event`` observer receives: ``kind`` (``"graph_captured"``,
+    ``"graph_break"``, ``"recompile"``, ``"backend_compiled"``, ``"fallback"``, ``"timing"``),
+    a ``data`` dict whose keys depend on the kind, and the wall-clock ``time`` of the event."""
+
     kind: str
     data: dict[str, Any]
     time: float
 
 
 def emit(kind: str, **data: Any) -> None:
-    counters["events"][kind] += 1
-    from .plugins import plugin_manager  # late: events are emitted long after import
+    """Count ``kind`` in ``counters["events"]`` and call every ``ember_compile_event`` observer.
 
-    pm = plugin_manager()
-    if not pm.hook.ember_compile_event.get_hookimpls():
+    Observers are called one by one, so that one raising (logged on ``ember.events``) neither
+    stops the others nor reaches the user's program.
+    """
+    counters["events"][kind] += 1
+    from .plugins import ensure_loaded, plugin_manager  # late: events come long after import
+
+    ensure_loaded()  # entry-point plugins may observe even when backend= was a callable
+    impls = plugin_manager().hook.ember_compile_event.get_hookimpls()
+    if not impls:
         return
-    event = CompileEvent(kind, data, time.time())
-    for impl in pm.hook.ember_compile_event.get_hookimpls():
+    event = CompileEvent(kind, dict(data), time.time())
+    for impl in reversed(impls):  # registration order
         try:
             impl.function(event=event) if impl.argnames else impl.function()
         except Exception:  # an observer never breaks the user's program
-            log.warning("compile-event observer %s raised", impl.plugin_name, exc_info=True)
+            log.warning("ember_compile_event observer %r raised on %r event; ignored",
+                        impl.plugin_name, kind, exc_info=True)

@@ -1,0 +1,72 @@
+"""Ember's command line: ``python -m ember backends`` / ``ember backends``, ``ember demo``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Sequence
+
+__all__ = ["main", "format_table"]
+
+_COLUMNS = (("name", "BACKEND"), ("provider", "DISTRIBUTION"), ("level", "LEVEL"),
+            ("training", "TRAINING"), ("devices", "DEVICES"), ("tags", "TAGS"),
+            ("status", "LOADS"))
+
+
+def format_table(rows: Sequence[dict[str, Any]], *, describe: bool = False) -> str:
+    """Render :func:`ember.plugins.backend_table` rows as an aligned text table."""
+    cols = list(_COLUMNS) + ([("description", "DESCRIPTION")] if describe else [])
+    cells = []
+    for r in rows:
+        r = dict(r, provider=f"{r['distribution']} {r['version']}".strip())
+        cells.append([str(r.get(k, "")) or "-" for k, _ in cols])
+    header = [h for _, h in cols]
+    # The last column (status / description) is not padded: errors may be long.
+    widths = [max([len(header[i])] + [len(c[i]) for c in cells]) for i in range(len(cols) - 1)]
+
+    def line(values: Sequence[str]) -> str:
+        return "  ".join([v.ljust(w) for v, w in zip(values, widths)] + [values[-1]]).rstrip()
+
+    return "\n".join([line(header)] + [line(c) for c in cells])
+
+
+def _cmd_backends(args: argparse.Namespace) -> int:
+    from .plugins import backend_table
+
+    rows = backend_table()
+    if not rows:
+        print("no ember backends installed: pip install ./plugins/eager (from the Ember source "
+              "tree) or another ember plugin package")
+        return 1
+    print(format_table(rows, describe=args.describe))
+    failed = [r for r in rows if r["status"] != "ok"]
+    if failed:
+        print(f"\n{len(failed)} backend(s) or plugin(s) cannot be used; see LOADS above.",
+              file=sys.stderr)
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from .examples import run_demo
+
+    return run_demo(backends=args.backend or None, iters=args.iters)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ember", description="Ember, a compiler for PyTorch "
+                                     "programs.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("backends", help="list every installed backend and whether it loads")
+    p.add_argument("-d", "--describe", action="store_true", help="add a description column")
+    p.set_defaults(func=_cmd_backends)
+    p = sub.add_parser("demo", help="compile the bundled model; print correctness and speed")
+    p.add_argument("--backend", action="append", help="backend to run (repeatable); default: "
+                   "eager and aot_eager, those installed")
+    p.add_argument("--iters", type=int, default=50, help="timed calls per variant (default 50)")
+    p.set_defaults(func=_cmd_demo)
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
