@@ -1,0 +1,342 @@
+"""The runner: every model x backend in one process, then cold/warm compile probes."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import gc
+import json
+import shutil
+import statistics
+import time
+from typing import Any, Callable
+
+import torch
+
+from . import zoo
+from .accuracy import compare, default_tolerance
+from .backends import CompileStats, availability, make_compiled, reset_all
+from .measure import (Progress, compile_probe, new_cache_dir, peak_memory_mb, per_call_overhead,
+                      sync_fn, time_interleaved)
+
+__all__ = ["RunConfig", "Row", "run", "probe", "FALLBACK", "RUNNABLE"]
+
+#: Status of an Ember row whose compile fell back to running eagerly (still timed and probed).
+FALLBACK = "eager fallback"
+RUNNABLE = ("ok", FALLBACK)
+
+
+@dataclasses.dataclass
+class RunConfig:
+    device: str = "cpu"
+    mode: str = "infer"
+    backends: list[str] = dataclasses.field(default_factory=lambda: ["eager", "ember-eager"])
+    models: list[str] | None = None
+    iters: int | None = None
+    warmup: int | None = None
+    max_seconds: float | None = None  # timing budget per model
+    amp: bool = False  # bf16 autocast (CUDA)
+    size: str | None = None  # "small" (CPU default) or "full" (CUDA default)
+    compile_probes: str = "cold,warm"  # "cold,warm", "cold" or "none"
+    probe_timeout: float = 600.0
+    overhead: bool = True
+    quiet: bool = False
+
+    def resolve(self) -> "RunConfig":
+        cuda = self.device.startswith("cuda")
+        if cuda and not torch.cuda.is_available():
+            raise SystemExit("--device cuda: no CUDA device visible to torch")
+        self.size = self.size or ("full" if cuda else "small")
+        self.iters = self.iters or (100 if cuda else 30)
+        self.warmup = self.warmup if self.warmup is not None else (10 if cuda else 2)
+        self.max_seconds = self.max_seconds or (60.0 if cuda else 20.0)
+        self.models = self.models or zoo.default_models("cuda" if cuda else "cpu")
+        if "eager" not in self.backends:  # the baseline of every speedup and accuracy check
+            self.backends = ["eager"] + self.backends
+        if self.amp and not cuda:
+            raise SystemExit("--amp (bf16 autocast) is for --device cuda")
+        return self
+
+
+@dataclasses.dataclass
+class Row:
+    model: str
+    backend: str
+    status: str = "ok"
+    accuracy: str = "n/a"
+    median_ms: float | None = None
+    speedup: float | None = None
+    cold_compile_s: float | None = None
+    warm_compile_s: float | None = None
+    first_call_s: float | None = None
+    graphs: int | None = None
+    graph_breaks: int | None = None
+    peak_mem_mb: float | None = None
+    aot_s: float | None = None
+    iters: int = 0
+    batch_size: int | None = None
+    note: str = ""
+
+    def add_note(self, text: str) -> None:
+        self.note = f"{self.note}; {text}" if self.note else text
+
+
+def _short(e: BaseException) -> str:
+    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+
+
+def _to(obj: Any, dtype: torch.dtype) -> Any:
+    if isinstance(obj, torch.Tensor) and obj.is_floating_point():
+        return obj.to(dtype)
+    if isinstance(obj, tuple):
+        return tuple(_to(o, dtype) for o in obj)
+    return obj
+
+
+def _detach_cpu(xs: list[Any]) -> list[Any]:
+    return [x.detach().cpu() if isinstance(x, torch.Tensor) else x for x in xs]
+
+
+def make_step(mode: str, fn: Callable[..., Any], inputs: tuple[Any, ...], device: str,
+              amp: bool) -> Callable[[], Any]:
+    """The inference step (no_grad forward) or the training step (forward, scalar loss,
+    backward; no optimizer), optionally under bf16 autocast."""
+    def ctx() -> Any:
+        if amp:
+            return torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    if mode == "infer":
+        def step() -> Any:
+            with torch.no_grad(), ctx():
+                return fn(*inputs)
+    else:
+        def step() -> Any:
+            with ctx():
+                loss = zoo.reduce_to_loss(fn(*inputs))
+            loss.backward()
+            return loss
+    return step
+
+
+def _clear_grads(module: torch.nn.Module) -> None:
+    for p in module.parameters():
+        p.grad = None
+
+
+def _status_of(e: BaseException) -> str:
+    with contextlib.suppress(ImportError):
+        import ember
+
+        if isinstance(e, ember.NotImplementedYet):
+            return f"not available: {_short(e)}"
+    return f"failed: {_short(e)}"
+
+
+def _run_model(name: str, cfg: RunConfig, avail: dict[str, str | None],
+               progress: Progress) -> list[Row]:
+    spec = zoo.get_spec(name)
+    dev_kind = "cuda" if cfg.device.startswith("cuda") else "cpu"
+    rows = {b: Row(name, b, batch_size=spec.batch.get(cfg.size)) for b in cfg.backends}
+    skip = None
+    if dev_kind not in spec.devices:
+        skip = f"skipped: runs on {'/'.join(spec.devices)} only"
+    elif spec.missing():
+        skip = f"skipped: {', '.join(spec.missing())} not installed"
+    if skip:
+        for r in rows.values():
+            r.status = skip
+        progress(f"{name}: {skip}")
+        return list(rows.values())
+
+    reset_all()
+    sync = sync_fn(cfg.device)
+    progress(f"{name}: building ({spec.description})")
+    base, inputs = spec.build(cfg.device, cfg.size)
+    base.train(cfg.mode == "train")
+    tol = default_tolerance(cfg.mode, cfg.amp)
+
+    # fp64 reference: a float64 copy run eagerly, without autocast.
+    ref64: list[Any] | None = None
+    try:
+        m64 = copy.deepcopy(base).double()
+        ref64 = _detach_cpu(zoo.step_result(
+            cfg.mode, m64, make_step(cfg.mode, m64, _to(inputs, torch.float64), cfg.device,
+                                     False)()))
+        del m64
+    except Exception as e:
+        progress(f"{name}: fp64 reference failed ({_short(e)}); accuracy vs eager fp32 only")
+
+    modules: dict[str, torch.nn.Module] = {}
+    steps: dict[str, Callable[[], Any]] = {}
+    fp32: list[Any] | None = None
+    for b in cfg.backends:  # eager first: resolve() puts it there
+        row = rows[b]
+        if avail[b] is not None:
+            row.status = avail[b]  # type: ignore[assignment]
+            continue
+        module = copy.deepcopy(base)
+        stats = CompileStats(b)
+        try:
+            fn = make_compiled(b, module)
+            step = make_step(cfg.mode, fn, inputs, cfg.device, cfg.amp)
+            stats.start()
+            sync()
+            t0 = time.perf_counter()
+            out = step()
+            sync()
+            row.first_call_s = time.perf_counter() - t0
+            stats.stop()
+        except Exception as e:
+            row.status = _status_of(e)
+            progress(f"{name} · {b}: {row.status}")
+            continue
+        row.graphs, row.graph_breaks, row.aot_s = stats.graphs, stats.breaks, stats.aot_s
+        for n in stats.notes:
+            row.add_note(n)
+        if stats.fell_back:
+            row.status = FALLBACK
+        res = _detach_cpu(zoo.step_result(cfg.mode, module, out))
+        if b == "eager":
+            fp32 = res
+        if fp32 is not None:
+            acc = compare(res, fp32, ref64 if ref64 is not None else fp32, tol)
+            row.accuracy = acc.how
+        progress(f"{name} · {b}: {row.status}, first call {row.first_call_s:.3g} s, "
+                 f"accuracy {row.accuracy}"
+                 + (f", graphs {row.graphs}, breaks {row.graph_breaks}"
+                    if row.graphs is not None else "")
+                 + (f" [{row.note}]" if row.note else ""))
+        modules[b], steps[b] = module, step
+    del out
+
+    def before(b: str) -> None:
+        if cfg.mode == "train":
+            _clear_grads(modules[b])
+
+    for b, step in list(steps.items()):  # warm-up, then one call measuring peak memory
+        try:
+            for _ in range(cfg.warmup or 0):
+                before(b)
+                step()
+            before(b)
+            rows[b].peak_mem_mb = peak_memory_mb(step, cfg.device)
+        except Exception as e:
+            rows[b].status = f"failed: {_short(e)}"
+            steps.pop(b)
+    progress(f"{name}: timing {len(steps)} backends, up to {cfg.iters} interleaved iterations "
+             f"(budget {cfg.max_seconds:.0f} s)")
+    gc.collect()
+    times = time_interleaved(steps, cfg.device, cfg.iters or 1, cfg.max_seconds or 1.0, before)
+    eager_ms = None
+    if times.get("eager"):
+        eager_ms = statistics.median(times["eager"]) * 1e3
+    for b, ts in times.items():
+        rows[b].median_ms = statistics.median(ts) * 1e3
+        rows[b].iters = len(ts)
+        if eager_ms:
+            rows[b].speedup = eager_ms / rows[b].median_ms
+    progress(f"{name}: " + ", ".join(f"{b} {rows[b].median_ms:.2f} ms" for b in times))
+    del modules, steps, base, inputs
+    reset_all()
+    gc.collect()
+    if cfg.device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    return list(rows.values())
+
+
+def _run_probes(rows: list[Row], cfg: RunConfig, progress: Progress) -> None:
+    kinds = [k for k in cfg.compile_probes.split(",") if k in ("cold", "warm")]
+    if not kinds:
+        for r in rows:
+            if r.backend != "eager" and r.status in RUNNABLE:
+                r.add_note("compile probes not run")
+        return
+    for r in rows:
+        if r.backend == "eager" or r.status not in RUNNABLE:
+            continue
+        cache = new_cache_dir()
+        try:
+            for kind in kinds:
+                ans = compile_probe(r.model, r.backend, cfg.device, cfg.mode, cfg.size or "small",
+                                    cfg.amp, cache, cfg.probe_timeout)
+                if "error" in ans:
+                    r.add_note(f"{kind} compile probe: {ans['error']}")
+                    progress(f"{r.model} · {r.backend}: {kind} compile probe: {ans['error']}")
+                    break
+                setattr(r, f"{kind}_compile_s", ans["compile_s"])
+                if ans.get("note") and ans["note"] not in r.note:
+                    r.add_note(f"{kind} probe: {ans['note']}")
+                progress(f"{r.model} · {r.backend}: {kind} compile {ans['compile_s']:.2f} s")
+        finally:
+            shutil.rmtree(cache, ignore_errors=True)
+
+
+def run(cfg: RunConfig) -> tuple[list[Row], dict[str, dict[str, Any]]]:
+    """Run the whole benchmark; returns the table rows and the per-call overhead table."""
+    cfg.resolve()
+    progress = Progress(cfg.quiet)
+    progress(f"device {cfg.device} ({cfg.size} sizes), mode {cfg.mode}, models "
+             f"{', '.join(cfg.models or [])}, backends {', '.join(cfg.backends)}")
+    avail = {b: availability(b) for b in cfg.backends}
+    for b, why in avail.items():
+        if why:
+            progress(f"{b}: {why}")
+    rows: list[Row] = []
+    for name in cfg.models or []:
+        try:
+            rows += _run_model(name, cfg, avail, progress)
+        except Exception as e:  # a model that cannot even be built: every row says why
+            progress(f"{name}: failed: {_short(e)}")
+            rows += [Row(name, b, status=f"failed: {_short(e)}") for b in cfg.backends]
+    overhead: dict[str, dict[str, Any]] = {}
+    if cfg.overhead:
+        progress("per-call overhead (x + 1 on 4 elements)")
+        usable = [b for b in cfg.backends if avail[b] is None]
+        overhead = per_call_overhead(usable, cfg.device)
+        for b in cfg.backends:
+            overhead.setdefault(b, {"us_per_call": None, "overhead_us": None,
+                                    "note": avail[b] or ""})
+    _run_probes(rows, cfg, progress)
+    progress("done")
+    return rows, overhead
+
+
+def probe(model: str, backend: str, device: str, mode: str, size: str, amp: bool) -> dict[str, Any]:
+    """Body of ``python -m benchmarks probe``: in this fresh process, time an eager step (after
+    two warm-ups) and then the first compiled step; compile seconds = first compiled step minus
+    the eager step (imports and model building are not counted)."""
+    spec = zoo.get_spec(model)
+    base, inputs = spec.build(device, size)
+    base.train(mode == "train")
+    sync = sync_fn(device)
+    module = copy.deepcopy(base)
+    eager_step = make_step(mode, base, inputs, device, amp)
+    for _ in range(2):
+        _clear_grads(base)
+        eager_step()
+    sync()
+    _clear_grads(base)
+    t0 = time.perf_counter()
+    eager_step()
+    sync()
+    eager_s = time.perf_counter() - t0
+    stats = CompileStats(backend)
+    stats.start()
+    t0 = time.perf_counter()
+    step = make_step(mode, make_compiled(backend, module), inputs, device, amp)
+    step()
+    sync()
+    first = time.perf_counter() - t0
+    stats.stop()
+    return {"compile_s": max(first - eager_s, 0.0), "first_call_s": first, "eager_s": eager_s,
+            "graphs": stats.graphs, "graph_breaks": stats.breaks,
+            "note": "; ".join(stats.notes)}
+
+
+def probe_json(**kw: Any) -> str:
+    try:
+        return json.dumps(probe(**kw))
+    except Exception as e:
+        return json.dumps({"error": _short(e)})
