@@ -1,0 +1,77 @@
+"""Smoke test of the benchmark runner: one tiny model, eager + ember-eager, report shape only."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.accuracy import compare  # noqa: E402
+from benchmarks.report import CSV_COLUMNS, OVERHEAD_COLUMNS  # noqa: E402
+
+
+def test_runner_writes_reports(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "benchmarks", "run", "--device", "cpu", "--mode", "infer",
+           "--backends", "eager,ember-eager,torch-nonexistent-backend", "--models", "tiny_mlp",
+           "--iters", "3", "--warmup", "1", "--compile-probes", "cold", "--out", str(tmp_path)]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "tiny_mlp" in p.stderr  # the progress display
+
+    for name in ("cpu-infer.md", "cpu-infer.csv", "cpu-infer-overhead.csv", "cpu-infer.png"):
+        assert (tmp_path / name).stat().st_size > 0, name
+
+    with open(tmp_path / "cpu-infer.csv") as f:
+        reader = csv.DictReader(f)
+        assert reader.fieldnames == CSV_COLUMNS
+        rows = {r["backend"]: r for r in reader}
+    assert set(rows) == {"eager", "ember-eager", "torch-nonexistent-backend"}
+    assert all(r["model"] == "tiny_mlp" for r in rows.values())
+    eager, ember_row, missing = (rows["eager"], rows["ember-eager"],
+                                 rows["torch-nonexistent-backend"])
+    assert eager["status"] == "ok" and eager["accuracy"] == "pass"
+    assert float(eager["speedup"]) == pytest.approx(1.0)
+    assert float(eager["median_ms"]) > 0 and int(eager["iters"]) >= 3
+    # Ember's row ran (compiled, or fell back to eager with the reason noted) and is accurate.
+    assert ember_row["status"] in ("ok", "eager fallback"), ember_row
+    assert ember_row["accuracy"] == "pass"
+    assert float(ember_row["median_ms"]) > 0
+    assert float(ember_row["cold_compile_s"]) >= 0  # the fresh-process probe answered
+    assert ember_row["warm_compile_s"] == ""  # only "cold" was asked for
+    assert ember_row["graphs"] != "" and ember_row["graph_breaks"] != ""
+    # An unknown backend is a row with a reason, not a crash.
+    assert missing["status"].startswith("not available"), missing
+    assert missing["median_ms"] == ""
+
+    with open(tmp_path / "cpu-infer-overhead.csv") as f:
+        reader = csv.DictReader(f)
+        assert reader.fieldnames == OVERHEAD_COLUMNS
+        over = {r["backend"]: r for r in reader}
+    assert float(over["eager"]["us_per_call"]) > 0 and float(over["ember-eager"]["us_per_call"]) > 0
+
+    md = (tmp_path / "cpu-infer.md").read_text()
+    assert "| model | backend | status | accuracy | median ms | speedup |" in md
+    assert md.count("| tiny_mlp |") == 3
+    assert "python -m benchmarks run --device cpu" in md
+
+
+def test_accuracy_rule() -> None:
+    import torch
+
+    ref64 = [torch.linspace(-1, 1, 100, dtype=torch.float64)]
+    fp32 = [ref64[0].float() + 1e-7]
+    assert compare([fp32[0].clone()], fp32, ref64, 1e-3).ok
+    # Far from eager and from fp64, but still pointing the same way: cosine fallback.
+    assert compare([fp32[0] * 1.05], fp32, ref64, 1e-3).how == "pass (cosine)"
+    bad = compare([-fp32[0]], fp32, ref64, 1e-3)
+    assert not bad.ok and bad.how.startswith("FAIL")
+    assert not compare([fp32[0][:50]], fp32, ref64, 1e-3).ok  # shape mismatch
+    assert compare([torch.tensor([1, 2])], [torch.tensor([1, 2])], [torch.tensor([1, 2])], 1e-3).ok
