@@ -1,0 +1,848 @@
+"""Semantics of builtins, operators, subscripts and context managers over symbolic values."""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import enum
+import inspect
+import math
+import operator
+import types
+from typing import Any
+
+import torch
+
+from ..exc import Unsupported
+from . import rules
+from .variables import (AutocastVar, BoundMethodVar, BuiltinVar, ClassVar, ConstVar,
+                        ContainerMethodVar, DataclassVar, DictVar, ExitVar, FunctionVar,
+                        GeneratorResultVar, GradModeVar, IteratorVar, ListVar, NestedFunctionVar,
+                        NNModuleVar, ObjectVar, PyModuleVar, SetVar, SuperVar, TensorMethodVar,
+                        TensorVar, TupleVar, Var)
+
+
+def _consts(args: list[Var], kwargs: dict[str, Var]) -> tuple[list[Any], dict[str, Any]] | None:
+    if all(a.is_const() for a in args) and all(a.is_const() for a in kwargs.values()):
+        return [a.as_const() for a in args], {k: a.as_const() for k, a in kwargs.items()}
+    return None
+
+
+def _has_tensor(vs: list[Var]) -> bool:
+    return any(isinstance(v, TensorVar) for v in vs)
+
+
+def _python_type(v: Var) -> type:
+    return v.python_type()
+
+
+def call_builtin(tr: Any, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    # --- answers that are known while tracing ---------------------------------------------------
+    if fn in rules.COMPILING_TRUE or getattr(fn, "__name__", "") in rules.COMPILING_TRUE_NAMES \
+            and isinstance(fn, types.FunctionType):
+        return ConstVar(True)
+    if fn is torch.is_grad_enabled:
+        return ConstVar(torch.is_grad_enabled())
+    if fn is torch.get_default_dtype:
+        return ConstVar(torch.get_default_dtype())
+    if fn is torch.is_autocast_enabled:
+        c = _consts(args, kwargs)
+        return ConstVar(torch.is_autocast_enabled(*c[0]) if c else torch.is_autocast_enabled())
+    if fn in rules.CONST_RESULTS:
+        return ConstVar(rules.CONST_RESULTS[fn])
+    # --- context managers ---------------------------------------------------------------------------
+    if fn in rules.GRAD_MODE_CLASSES:
+        return GradModeVar(rules.GRAD_MODE_CLASSES[fn])
+    if fn is torch.set_grad_enabled:
+        mode = args[0].as_const() if args else kwargs["mode"].as_const()
+        prev = torch.is_grad_enabled()
+        _set_grad(tr, bool(mode))
+        v = GradModeVar(bool(mode))
+        v.prev = prev  # type: ignore[attr-defined]
+        return v
+    if fn is torch.inference_mode:
+        mode = args[0].as_const() if args else kwargs.get("mode", ConstVar(True)).as_const()
+        if mode:
+            raise Unsupported("torch.inference_mode inside a compiled region",
+                              hint="call the compiled function under inference_mode instead")
+        return GradModeVar(torch.is_grad_enabled())
+    if fn in rules.AUTOCAST_CLASSES:
+        c = _consts(args, kwargs)
+        if c is None:
+            raise Unsupported("autocast with non-constant arguments")
+        a, k = c
+        if fn is torch.cpu.amp.autocast:
+            device = "cpu"
+            dtype = k.get("dtype", a[1] if len(a) > 1 else torch.bfloat16)
+            enabled = k.get("enabled", a[0] if a else True)
+        else:
+            device = k.get("device_type", a[0] if a else None)
+            dtype = k.get("dtype", a[1] if len(a) > 1 else None)
+            enabled = k.get("enabled", a[2] if len(a) > 2 else True)
+        if dtype is None:
+            dtype = torch.get_autocast_dtype(device)
+        return AutocastVar(device, dtype, bool(enabled))
+    # --- functions marked by the user -------------------------------------------------------------
+    from .frame import is_allowed_in_graph, is_disabled
+    if is_disabled(fn):
+        raise Unsupported(f"{getattr(fn, '__qualname__', fn)} is marked ember.disable")
+    if is_allowed_in_graph(fn):
+        return tr.call_torch_function(fn, args, kwargs)
+    # --- torch --------------------------------------------------------------------------------------
+    if fn is torch.Size:
+        items = tr.iterate(args[0]) if args else []
+        return TupleVar(items, cls=torch.Size)
+    if isinstance(fn, type) and issubclass(fn, torch.Tensor) and fn is not torch.nn.Parameter:
+        raise Unsupported(f"constructing {fn.__name__} directly")
+    tm = rules.is_tensor_method(fn)
+    if tm and args and isinstance(args[0], TensorVar):
+        return tr.call_tensor_method(args[0], tm, args[1:], kwargs)
+    if rules.is_torch_op(fn):
+        if fn in (torch.manual_seed, torch.seed, torch.set_default_dtype,
+                  torch.set_grad_enabled, torch.use_deterministic_algorithms):
+            raise Unsupported(f"torch.{fn.__name__} changes global state")
+        return tr.call_torch_function(fn, args, kwargs)
+    if fn in (torch.device, torch.dtype) or isinstance(fn, (torch.dtype,)):
+        c = _consts(args, kwargs)
+        if c is not None:
+            return ConstVar(fn(*c[0], **c[1]))
+    # --- Python builtins ------------------------------------------------------------------------------
+    handler = _BUILTIN_HANDLERS.get(fn)
+    if handler is not None:
+        res = handler(tr, args, kwargs)
+        if res is not NotImplemented:
+            return res
+    if fn is print:
+        raise Unsupported("print() inside a compiled region", hint="a graph break; move the "
+                          "print out of the compiled function or accept the eager fallback")
+    if fn is super:
+        if len(args) == 2:
+            return SuperVar(args[0].as_const(), args[1])
+        raise Unsupported("super() with unusual arguments")
+    # --- classes -----------------------------------------------------------------------------------
+    if isinstance(fn, type):
+        return construct(tr, fn, args, kwargs)
+    # --- pure functions on constants ----------------------------------------------------------------
+    if rules.is_pure_const_callable(fn) or getattr(fn, "__module__", None) in ("math",):
+        c = _consts(args, kwargs)
+        if c is not None:
+            try:
+                return tr.const_result(fn(*c[0], **c[1]))
+            except Exception as e:
+                raise Unsupported(f"{getattr(fn, '__name__', fn)}() raised {type(e).__name__}: {e}")
+        if _has_tensor(args) and getattr(fn, "__module__", None) == "math":
+            raise Unsupported(f"math.{fn.__name__} on a tensor needs its value")
+        if fn in (operator.getitem,):
+            return getitem(tr, args[0], args[1])
+        op_name = getattr(fn, "__name__", "")
+        if getattr(fn, "__module__", "") in ("_operator", "operator") and _has_tensor(args):
+            return tr.call_torch_function(fn, args, kwargs)
+        if len(args) == 2 and fn in rules.BINARY_OPS.values() or fn in rules.COMPARE_OPS.values():
+            return binary_op(tr, fn, args[0], args[1])
+        _ = op_name
+    if isinstance(fn, types.FunctionType):
+        return tr.call(FunctionVar(fn), args, kwargs)
+    if isinstance(fn, functools_partial()):
+        inner = tr.wrap(fn.func, None)
+        pargs = [tr.wrap(a, None) for a in fn.args]
+        pkw = {k: tr.wrap(v, None) for k, v in fn.keywords.items()}
+        return tr.call(inner, [*pargs, *args], {**pkw, **kwargs})
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", repr(fn))
+    mod = getattr(fn, "__module__", None)
+    raise Unsupported(f"call to {mod + '.' if mod else ''}{name} is not supported inside a "
+                      "compiled region (a C function or library Ember does not trace)",
+                      hint="wrap it with ember.allow_in_graph if it only does tensor ops, or "
+                      "move it out of the compiled function")
+
+
+def functools_partial() -> type:
+    import functools
+    return functools.partial
+
+
+def _set_grad(tr: Any, mode: bool) -> None:
+    torch._C._set_grad_enabled(mode)
+    tr.out.create_node("call_function", torch._C._set_grad_enabled, (mode,), {})
+
+
+def construct(tr: Any, cls: type, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    if cls in (list, tuple, set, frozenset, dict):
+        return _BUILTIN_HANDLERS[cls](tr, args, kwargs)
+    if issubclass(cls, torch.nn.Module):
+        raise Unsupported(f"creating the module {cls.__name__} inside a compiled region",
+                          hint="create modules in __init__, not in forward")
+    if issubclass(cls, enum.Enum):
+        c = _consts(args, kwargs)
+        if c:
+            return ConstVar(cls(*c[0], **c[1]))
+    if issubclass(cls, BaseException):
+        raise Unsupported(f"constructing exception {cls.__name__}")
+    if rules.is_namedtuple_cls(cls) if hasattr(rules, "is_namedtuple_cls") else (
+            issubclass(cls, tuple) and hasattr(cls, "_fields")):
+        fields = cls._fields
+        vals = list(args)
+        defaults = getattr(cls, "_field_defaults", {})
+        for f in fields[len(vals):]:
+            if f in kwargs:
+                vals.append(kwargs[f])
+            elif f in defaults:
+                vals.append(tr.wrap(defaults[f], None))
+            else:
+                raise Unsupported(f"{cls.__name__}() missing field {f!r}")
+        return TupleVar(vals, cls=cls)
+    if cls.__module__ in ("builtins",):
+        c = _consts(args, kwargs)
+        if c is not None:
+            try:
+                return tr.const_result(cls(*c[0], **c[1]))
+            except Exception as e:
+                raise Unsupported(f"{cls.__name__}() raised {type(e).__name__}: {e}")
+        raise Unsupported(f"{cls.__name__}() of non-constant arguments")
+    if dataclasses.is_dataclass(cls):
+        flds = [f for f in dataclasses.fields(cls) if f.init]
+        values: dict[str, Var] = {}
+        for f, a in zip(flds, args):
+            values[f.name] = a
+        for f in flds[len(args):]:
+            if f.name in kwargs:
+                values[f.name] = kwargs[f.name]
+            elif f.default is not dataclasses.MISSING:
+                values[f.name] = tr.wrap(f.default, None)
+            elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+                values[f.name] = tr.wrap(f.default_factory(), None)  # type: ignore[misc]
+            else:
+                raise Unsupported(f"{cls.__name__}() missing field {f.name!r}")
+        post = getattr(cls, "__post_init__", None)
+        if post is not None and not _is_model_output(cls):
+            raise Unsupported(f"dataclass {cls.__name__} with __post_init__")
+        return DataclassVar(cls, values)
+    init = inspect.getattr_static(cls, "__init__", None)
+    new = inspect.getattr_static(cls, "__new__", None)
+    if isinstance(init, types.FunctionType) and new is object.__new__ and \
+            "__slots__" not in cls.__dict__ and type(cls) is type:
+        obj = DataclassVar(cls, {})
+        obj.plain = True  # type: ignore[attr-defined]
+        tr.call(FunctionVar(init), [obj, *args], kwargs)
+        return obj
+    raise Unsupported(f"constructing {cls.__qualname__} inside a compiled region")
+
+
+def _is_model_output(cls: type) -> bool:
+    return any(c.__name__ == "ModelOutput" for c in getattr(cls, "__mro__", ()))
+
+
+# -----------------------------------------------------------------------------------------------
+# Operators
+# -----------------------------------------------------------------------------------------------
+
+def binary_op(tr: Any, op: Any, a: Var, b: Var) -> Var:
+    if isinstance(a, TensorVar) or isinstance(b, TensorVar):
+        if op in rules.INPLACE_TO_OUT and not isinstance(a, TensorVar):
+            op = rules.INPLACE_TO_OUT[op]
+        for v in (a, b):
+            if not isinstance(v, (TensorVar, ConstVar)) and not (
+                    isinstance(v, (TupleVar, ListVar)) and v.is_const()):
+                raise Unsupported(f"{op.__name__} between a tensor and {v.describe()}")
+        return tr.call_torch_function(op, [a, b], {})
+    if a.is_const() and b.is_const() and not isinstance(a, (ListVar, DictVar, SetVar)) and \
+            not isinstance(b, (ListVar, DictVar, SetVar)):
+        try:
+            return tr.const_result(op(a.as_const(), b.as_const())) if not isinstance(
+                a, TupleVar) or op not in (operator.add, operator.mul, operator.iadd,
+                                           operator.imul) else _seq_op(tr, op, a, b)
+        except Exception as e:
+            raise Unsupported(f"{op.__name__} raised {type(e).__name__}: {e}")
+    if op in (operator.eq, operator.ne):
+        if isinstance(a, (TupleVar, ListVar)) and isinstance(b, (TupleVar, ListVar)):
+            if len(a.items) != len(b.items) or type(a) is not type(b):
+                return ConstVar(op is operator.ne)
+            res = all(_truth(tr, binary_op(tr, operator.eq, x, y))
+                      for x, y in zip(a.items, b.items))
+            return ConstVar(res if op is operator.eq else not res)
+        if isinstance(a, (NNModuleVar, ObjectVar, ClassVar, FunctionVar, BuiltinVar)) or \
+                isinstance(b, (NNModuleVar, ObjectVar, ClassVar, FunctionVar, BuiltinVar)):
+            r = is_same(a, b)
+            return ConstVar(r if op is operator.eq else not r)
+        if isinstance(a, ConstVar) != isinstance(b, ConstVar):
+            return ConstVar(op is operator.ne)
+    if isinstance(a, (TupleVar, ListVar)) or isinstance(b, (TupleVar, ListVar)):
+        return _seq_op(tr, op, a, b)
+    if isinstance(a, DictVar) and isinstance(b, DictVar) and op in (operator.or_, operator.ior):
+        if op is operator.ior:
+            a.items.update(b.items)
+            _mark_mutated(tr, a)
+            return a
+        return DictVar({**a.items, **b.items})
+    if isinstance(a, SetVar) and isinstance(b, SetVar) and a.is_const() and b.is_const():
+        return tr.wrap(op(a.as_const(), b.as_const()), None)
+    raise Unsupported(f"operator {op.__name__} on {a.describe()} and {b.describe()}")
+
+
+def _truth(tr: Any, v: Var) -> bool:
+    return tr.truth(v)
+
+
+def _mark_mutated(tr: Any, v: Var) -> None:
+    if getattr(v, "source", None) is not None and not getattr(v, "mutated", False):
+        v.mutated = True  # type: ignore[attr-defined]
+        tr.out.mutated_containers.append(v)
+
+
+def _seq_op(tr: Any, op: Any, a: Var, b: Var) -> Var:
+    if op in (operator.add, operator.iadd) and isinstance(a, (TupleVar, ListVar)):
+        items_b = tr.iterate(b)
+        if op is operator.iadd and isinstance(a, ListVar):
+            a.items.extend(items_b)
+            _mark_mutated(tr, a)
+            return a
+        if isinstance(a, TupleVar):
+            if not isinstance(b, TupleVar):
+                raise Unsupported("tuple + non-tuple")
+            cls = a.cls if a.cls is torch.Size else tuple
+            return TupleVar(a.items + items_b, cls=cls)
+        if not isinstance(b, ListVar):
+            raise Unsupported("list + non-list")
+        return ListVar(a.items + items_b)
+    if op in (operator.mul, operator.imul):
+        seq, n = (a, b) if isinstance(a, (TupleVar, ListVar)) else (b, a)
+        k = n.as_const()
+        if isinstance(seq, TupleVar):
+            return TupleVar(seq.items * k)
+        if op is operator.imul and seq is a:
+            a.items[:] = a.items * k
+            _mark_mutated(tr, a)
+            return a
+        return ListVar(seq.items * k)
+    if op in (operator.lt, operator.le, operator.gt, operator.ge) and a.is_const() and b.is_const():
+        return ConstVar(op(a.as_const(), b.as_const()))
+    raise Unsupported(f"operator {op.__name__} on sequences")
+
+
+def is_same(a: Var, b: Var) -> bool:
+    if a is b:
+        return True
+    if isinstance(a, ConstVar) and isinstance(b, ConstVar):
+        return a.value is b.value
+    if isinstance(a, TensorVar) and isinstance(b, TensorVar):
+        return a.node is b.node
+    for x, y in ((a, b), (b, a)):
+        if isinstance(x, ConstVar) and x.value is None:
+            return False
+    if hasattr(a, "value") and hasattr(b, "value") and not isinstance(a, (ConstVar,)):
+        return a.value is b.value  # type: ignore[attr-defined]
+    if isinstance(a, ClassVar) or isinstance(b, ClassVar):
+        return getattr(a, "value", a) is getattr(b, "value", b)
+    if type(a) is not type(b):
+        return False
+    return False
+
+
+def contains(tr: Any, container: Var, item: Var) -> bool:
+    if isinstance(container, DictVar):
+        return _hashable(item) in container.items
+    if isinstance(container, DataclassVar):
+        return _hashable(item) in container.fields and not (
+            isinstance(container.fields[_hashable(item)], ConstVar) and
+            container.fields[_hashable(item)].value is None)
+    if isinstance(container, (ListVar, TupleVar, SetVar)):
+        if isinstance(item, TensorVar):
+            raise Unsupported("`in` with a tensor compares values")
+        for x in container.items:
+            if isinstance(x, TensorVar):
+                raise Unsupported("`in` on a container of tensors compares values")
+            if x.is_const() and item.is_const() and x.as_const() == item.as_const():
+                return True
+            if is_same(x, item):
+                return True
+        return False
+    if isinstance(container, ConstVar) and item.is_const():
+        return item.as_const() in container.value
+    if isinstance(container, NNModuleVar) and isinstance(container.value, torch.nn.ModuleDict):
+        return item.as_const() in container.value._modules
+    if isinstance(container, ObjectVar) and item.is_const():
+        return item.as_const() in container.value
+    raise Unsupported(f"`in` on {container.describe()}")
+
+
+def _hashable(v: Var) -> Any:
+    if isinstance(v, ConstVar):
+        return v.value
+    if v.is_const():
+        return v.as_const()
+    raise Unsupported(f"unhashable key {v.describe()}")
+
+
+# -----------------------------------------------------------------------------------------------
+# Subscripts
+# -----------------------------------------------------------------------------------------------
+
+def _index_arg(v: Var) -> Var:
+    return v
+
+
+def getitem(tr: Any, obj: Var, idx: Var) -> Var:
+    if isinstance(obj, TensorVar):
+        if isinstance(idx, TupleVar):
+            for it in idx.items:
+                if not isinstance(it, (ConstVar, TensorVar, ListVar, TupleVar)):
+                    raise Unsupported(f"tensor index with {it.describe()}")
+        return tr.graph_call("call_function", operator.getitem, [obj, idx], {}, operator.getitem)
+    if isinstance(idx, TensorVar):
+        raise Unsupported(f"indexing {obj.describe()} with a tensor")
+    if isinstance(obj, (TupleVar, ListVar)):
+        i = idx.as_const()
+        try:
+            res = obj.items[i]
+        except (IndexError, TypeError) as e:
+            raise Unsupported(f"index {i!r} on a sequence of {len(obj.items)}: {e}")
+        if isinstance(i, slice):
+            if isinstance(obj, TupleVar):
+                return TupleVar(res, cls=obj.cls if obj.cls in (tuple, torch.Size) else tuple)
+            return ListVar(res)
+        return res
+    if isinstance(obj, DictVar):
+        k = _hashable(idx)
+        if k not in obj.items:
+            raise Unsupported(f"key {k!r} not in dict (KeyError)")
+        return obj.items[k]
+    if isinstance(obj, ConstVar):
+        try:
+            return tr.const_result(obj.value[idx.as_const()])
+        except Exception as e:
+            raise Unsupported(f"subscript raised {type(e).__name__}: {e}")
+    if isinstance(obj, NNModuleVar):
+        m = obj.value
+        key = idx.as_const()
+        if isinstance(m, torch.nn.ModuleDict):
+            return tr.wrap(m._modules[key], f"{obj.source}._modules[{key!r}]")
+        if isinstance(m, (torch.nn.Sequential, torch.nn.ModuleList)):
+            keys = list(m._modules.keys())
+            if isinstance(key, slice):
+                return ListVar([tr.wrap(m._modules[k], f"{obj.source}._modules[{k!r}]")
+                                for k in keys[key]], cls=list)
+            k = keys[key]
+            return tr.wrap(m._modules[k], f"{obj.source}._modules[{k!r}]")
+        if isinstance(m, torch.nn.ParameterList):
+            keys = list(m._parameters.keys())
+            k = keys[key]
+            return tr.wrap(m._parameters[k], f"{obj.source}._parameters[{k!r}]")
+        if isinstance(m, torch.nn.ParameterDict):
+            return tr.wrap(m._parameters[key], f"{obj.source}._parameters[{key!r}]")
+        gi = inspect.getattr_static(type(m), "__getitem__", None)
+        if isinstance(gi, types.FunctionType):
+            return tr.call(FunctionVar(gi), [obj, idx], {})
+    if isinstance(obj, DataclassVar):
+        if _is_model_output(obj.cls):
+            key = idx.as_const()
+            present = [(k, v) for k, v in obj.fields.items()
+                       if not (isinstance(v, ConstVar) and v.value is None)]
+            if isinstance(key, str):
+                return obj.fields[key]
+            if isinstance(key, slice):
+                return TupleVar([v for _, v in present][key])
+            return present[key][1]
+        gi = inspect.getattr_static(obj.cls, "__getitem__", None)
+        if isinstance(gi, types.FunctionType):
+            return tr.call(FunctionVar(gi), [obj, idx], {})
+    if isinstance(obj, ObjectVar):
+        gi = inspect.getattr_static(type(obj.value), "__getitem__", None)
+        if isinstance(gi, types.FunctionType):
+            return tr.call(FunctionVar(gi), [obj, idx], {})
+        if idx.is_const() and obj.source is not None:
+            key = idx.as_const()
+            try:
+                val = obj.value[key]
+            except Exception as e:
+                raise Unsupported(f"subscript raised {type(e).__name__}: {e}")
+            return tr.wrap(val, f"{obj.source}[{key!r}]")
+    if isinstance(obj, ClassVar):
+        # typing generics: List[int] etc.
+        return tr.wrap(obj.value[idx.as_const()], None)
+    raise Unsupported(f"subscript of {obj.describe()}")
+
+
+def setitem(tr: Any, obj: Var, idx: Var, value: Var) -> None:
+    if isinstance(obj, TensorVar):
+        tr.graph_call("call_function", operator.setitem, [obj, idx, value], {}, operator.setitem)
+        return
+    if isinstance(obj, ListVar):
+        i = idx.as_const()
+        if isinstance(i, slice):
+            obj.items[i] = tr.iterate(value)
+        else:
+            obj.items[i] = value
+        _mark_mutated(tr, obj)
+        return
+    if isinstance(obj, DictVar):
+        obj.items[_hashable(idx)] = value
+        _mark_mutated(tr, obj)
+        return
+    if isinstance(obj, DataclassVar):
+        obj.fields[_hashable(idx)] = value
+        return
+    raise Unsupported(f"item assignment on {obj.describe()}")
+
+
+# -----------------------------------------------------------------------------------------------
+# Context managers
+# -----------------------------------------------------------------------------------------------
+
+def enter_context(tr: Any, ctx: Var) -> tuple[Var, Var]:
+    if isinstance(ctx, GradModeVar):
+        prev = getattr(ctx, "prev", torch.is_grad_enabled())
+        if torch.is_grad_enabled() != ctx.enabled:
+            _set_grad(tr, ctx.enabled)
+
+        def restore() -> None:
+            if torch.is_grad_enabled() != prev:
+                _set_grad(tr, prev)
+        return ExitVar(ctx, restore), ConstVar(None)
+    if isinstance(ctx, AutocastVar):
+        real = torch.autocast(ctx.device_type, dtype=ctx.dtype, enabled=ctx.enabled)
+        real.__enter__()
+        node = tr.out.create_node("call_function", torch.amp.autocast_mode._enter_autocast,
+                                  (ctx.device_type, ctx.dtype, ctx.enabled, None), {})
+
+        def restore() -> None:
+            real.__exit__(None, None, None)
+            tr.out.create_node("call_function", torch.amp.autocast_mode._exit_autocast,
+                               (node,), {})
+        return ExitVar(ctx, restore), ConstVar(None)
+    if isinstance(ctx, (ObjectVar, DataclassVar)):
+        cls = ctx.python_type()
+        enter = inspect.getattr_static(cls, "__enter__", None)
+        exit_ = inspect.getattr_static(cls, "__exit__", None)
+        if isinstance(enter, types.FunctionType) and isinstance(exit_, types.FunctionType):
+            entered = tr.call(FunctionVar(enter), [ctx], {})
+            return BoundMethodVar(FunctionVar(exit_), ctx), entered
+    raise Unsupported(f"`with` on {ctx.describe()}")
+
+
+# -----------------------------------------------------------------------------------------------
+# Builtin functions over symbolic values
+# -----------------------------------------------------------------------------------------------
+
+def _len(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    (v,) = args
+    if isinstance(v, TensorVar):
+        if v.fake.dim() == 0:
+            raise Unsupported("len() of a 0-d tensor")
+        return ConstVar(int(v.fake.shape[0]))
+    if isinstance(v, (TupleVar, ListVar, SetVar, DictVar)):
+        return ConstVar(len(v.items))
+    if isinstance(v, NNModuleVar):
+        return ConstVar(len(v.value))
+    if isinstance(v, ConstVar):
+        return ConstVar(len(v.value))
+    if isinstance(v, DataclassVar) and _is_model_output(v.cls):
+        return ConstVar(len(tr.iterate(v)))
+    if isinstance(v, ObjectVar):
+        ln = inspect.getattr_static(type(v.value), "__len__", None)
+        if isinstance(ln, types.FunctionType):
+            return tr.call(FunctionVar(ln), [v], {})
+    raise Unsupported(f"len() of {v.describe()}")
+
+
+def _isinstance(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    obj, cls = args
+    c = cls.as_const() if not isinstance(cls, TupleVar) else tuple(
+        i.as_const() for i in cls.items)
+    if isinstance(obj, TensorVar):
+        t = obj.cls
+        if t is torch.nn.Parameter or obj.is_param and isinstance(obj, TensorVar):
+            t = obj.cls
+        return ConstVar(issubclass(t, c))
+    if isinstance(obj, ConstVar):
+        return ConstVar(isinstance(obj.value, c))
+    if isinstance(obj, (GradModeVar, AutocastVar)):
+        return ConstVar(False)
+    t = obj.python_type()
+    return ConstVar(issubclass(t, c))
+
+
+def _getattr(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    obj, name = args[0], args[1].as_const()
+    if len(args) == 3:
+        try:
+            return tr.getattr(obj, name)
+        except Unsupported:
+            if _hasattr_static(obj, name) is False:
+                return args[2]
+            raise
+    return tr.getattr(obj, name)
+
+
+def _hasattr_static(obj: Var, name: str) -> bool | None:
+    if isinstance(obj, TensorVar):
+        return hasattr(torch.Tensor, name) or name in rules.TENSOR_META_ATTRS
+    if isinstance(obj, DataclassVar):
+        return name in obj.fields or hasattr(obj.cls, name)
+    if isinstance(obj, (NNModuleVar, ObjectVar, PyModuleVar, ClassVar, ConstVar, FunctionVar,
+                        BuiltinVar)):
+        return hasattr(obj.value, name)  # type: ignore[attr-defined]
+    if isinstance(obj, (TupleVar, ListVar, DictVar, SetVar)):
+        return hasattr(obj.python_type(), name)
+    return None
+
+
+def _hasattr(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    obj, name = args[0], args[1].as_const()
+    if isinstance(obj, (ObjectVar, NNModuleVar)) and name in tr.pending_attrs.get(
+            id(obj.value), {}):
+        return ConstVar(True)
+    r = _hasattr_static(obj, name)
+    if r is None:
+        raise Unsupported(f"hasattr on {obj.describe()}")
+    if isinstance(obj, (ObjectVar, NNModuleVar)) and obj.source is not None:
+        tr.out.guards.add(f"hasattr({obj.source}, {name!r}) is {r}")
+    return ConstVar(r)
+
+
+def _range(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    return ConstVar(range(*[a.as_const() for a in args]))
+
+
+def _enumerate(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    start = args[1].as_const() if len(args) > 1 else kwargs.get("start", ConstVar(0)).as_const()
+    items = tr.iterate(args[0])
+    return IteratorVar([TupleVar([ConstVar(i + start), v]) for i, v in enumerate(items)])
+
+
+def _zip(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    if kwargs.get("strict") and kwargs["strict"].as_const():
+        lists = [tr.iterate(a) for a in args]
+        if len({len(x) for x in lists}) > 1:
+            raise Unsupported("zip(strict=True) with unequal lengths")
+    lists = [tr.iterate(a) for a in args]
+    return IteratorVar([TupleVar(list(t)) for t in zip(*lists)])
+
+
+def _reversed(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    return IteratorVar(list(reversed(tr.iterate(args[0]))))
+
+
+def _list(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    return ListVar(tr.iterate(args[0]) if args else [])
+
+
+def _tuple(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    if args and isinstance(args[0], TupleVar) and args[0].cls is tuple:
+        return args[0]
+    return TupleVar(tr.iterate(args[0]) if args else [])
+
+
+def _set(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    from .containers import set_add
+    s = SetVar([])
+    for it in (tr.iterate(args[0]) if args else []):
+        set_add(s, it)
+    return s
+
+
+def _frozenset(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    s = _set(tr, args, kwargs)
+    s.cls = frozenset  # type: ignore[attr-defined]
+    return s
+
+
+def _dict(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    d: dict[Any, Var] = {}
+    if args:
+        src = args[0]
+        if isinstance(src, DictVar):
+            d.update(src.items)
+        elif isinstance(src, DataclassVar) and _is_model_output(src.cls):
+            d.update({k: v for k, v in src.fields.items()
+                      if not (isinstance(v, ConstVar) and v.value is None)})
+        else:
+            for pair in tr.iterate(src):
+                k, v = tr.iterate(pair)
+                d[_hashable(k)] = v
+    d.update(kwargs)
+    return DictVar(d)
+
+
+def _minmax(fn: Any) -> Any:
+    def handler(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+        items = args if len(args) > 1 else tr.iterate(args[0])
+        if kwargs:
+            c = _consts(items, {})
+            if c is None:
+                raise Unsupported(f"{fn.__name__}() with key= over non-constants")
+            return tr.const_result(fn(c[0], **{k: v.as_const() for k, v in kwargs.items()}))
+        if any(isinstance(i, TensorVar) for i in items):
+            if len(items) == 2:
+                target = torch.maximum if fn is max else torch.minimum
+                # Python's max(a, b) on tensors compares values: a data-dependent branch.
+                raise Unsupported(f"{fn.__name__}() of tensors needs their values "
+                                  f"(use {target.__name__})")
+            raise Unsupported(f"{fn.__name__}() of tensors")
+        return tr.const_result(fn(i.as_const() for i in items))
+    return handler
+
+
+def _sum(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    items = tr.iterate(args[0])
+    start = args[1] if len(args) > 1 else kwargs.get("start", ConstVar(0))
+    acc = start
+    for it in items:
+        acc = binary_op(tr, operator.add, acc, it)
+    return acc
+
+
+def _all_any(fn: Any) -> Any:
+    def handler(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+        items = tr.iterate(args[0])
+        vals = [tr.truth(i) for i in items]
+        return ConstVar(fn(vals))
+    return handler
+
+
+def _abs(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    (v,) = args
+    if isinstance(v, TensorVar):
+        return tr.call_torch_function(torch.abs, [v], {})
+    return ConstVar(abs(v.as_const()))
+
+
+def _scalar_cast(fn: Any) -> Any:
+    def handler(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+        if args and isinstance(args[0], TensorVar):
+            raise Unsupported(f"{fn.__name__}() of a tensor needs its value (a graph break)",
+                              hint="keep it as a tensor")
+        c = _consts(args, kwargs)
+        if c is None:
+            raise Unsupported(f"{fn.__name__}() of {args[0].describe()}")
+        return tr.const_result(fn(*c[0], **c[1]))
+    return handler
+
+
+def _bool(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    if not args:
+        return ConstVar(False)
+    return ConstVar(tr.truth(args[0]))
+
+
+def _iter(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    (v,) = args
+    return v if isinstance(v, IteratorVar) else IteratorVar(tr.iterate(v))
+
+
+def _next(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    it = args[0]
+    if not isinstance(it, IteratorVar):
+        it = IteratorVar(tr.iterate(it))
+    v = it.next()
+    if v is None:
+        if len(args) > 1:
+            return args[1]
+        raise Unsupported("next() on an exhausted iterator (StopIteration)")
+    return v
+
+
+def _map(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    fn = args[0]
+    lists = [tr.iterate(a) for a in args[1:]]
+    return IteratorVar([tr.call(fn, list(t), {}) for t in zip(*lists)])
+
+
+def _filter(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    fn, seq = args
+    out = []
+    for it in tr.iterate(seq):
+        keep = tr.truth(it) if isinstance(fn, ConstVar) and fn.value is None else tr.truth(
+            tr.call(fn, [it], {}))
+        if keep:
+            out.append(it)
+    return IteratorVar(out)
+
+
+def _sorted(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    items = tr.iterate(args[0])
+    c = _consts(items, kwargs)
+    if c is None:
+        raise Unsupported("sorted() of non-constants")
+    return ListVar([tr.const_result(x) for x in sorted(c[0], **c[1])])
+
+
+def _type(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    if len(args) != 1:
+        raise Unsupported("type() with 3 arguments")
+    v = args[0]
+    if isinstance(v, ConstVar):
+        return ClassVar(type(v.value), None)
+    return ClassVar(v.python_type(), None)
+
+
+def _callable(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    v = args[0]
+    if isinstance(v, (FunctionVar, NestedFunctionVar, BoundMethodVar, BuiltinVar, ClassVar,
+                      TensorMethodVar, ContainerMethodVar, NNModuleVar)):
+        return ConstVar(True)
+    if isinstance(v, (TensorVar, TupleVar, ListVar, DictVar, SetVar)):
+        return ConstVar(False)
+    if isinstance(v, (ConstVar, ObjectVar)):
+        return ConstVar(callable(v.value))
+    return ConstVar(callable(v.python_type()))
+
+
+def _id(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    v = args[0]
+    if isinstance(v, (NNModuleVar, ObjectVar, ClassVar, FunctionVar)):
+        return ConstVar(id(v.value))
+    raise Unsupported(f"id() of {v.describe()}")
+
+
+def _issubclass(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    c = _consts(args, kwargs)
+    if c is None:
+        raise Unsupported("issubclass of non-constants")
+    return ConstVar(issubclass(*c[0]))
+
+
+def _setattr(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    tr.setattr(args[0], args[1].as_const(), args[2])
+    return ConstVar(None)
+
+
+def _divmod_round(fn: Any) -> Any:
+    def handler(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+        if _has_tensor(args):
+            if fn is round:
+                return tr.call_torch_function(torch.round, args, kwargs)
+            raise Unsupported(f"{fn.__name__} of tensors")
+        c = _consts(args, kwargs)
+        if c is None:
+            raise Unsupported(f"{fn.__name__} of non-constants")
+        return tr.const_result(fn(*c[0], **c[1]))
+    return handler
+
+
+def _str(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    if args and isinstance(args[0], TensorVar):
+        raise Unsupported("str() of a tensor needs its value")
+    c = _consts(args, kwargs)
+    if c is None:
+        if args and isinstance(args[0], (NNModuleVar, ObjectVar, ClassVar)):
+            return ConstVar(str(args[0].value))
+        raise Unsupported(f"str() of {args[0].describe()}")
+    return ConstVar(str(*c[0], **c[1]))
+
+
+def _math_fn(tr: Any, fn: Any, args: list[Var]) -> Var:
+    return ConstVar(fn(*[a.as_const() for a in args]))
+
+
+_BUILTIN_HANDLERS: dict[Any, Any] = {
+    len: _len, isinstance: _isinstance, getattr: _getattr, hasattr: _hasattr, range: _range,
+    enumerate: _enumerate, zip: _zip, reversed: _reversed, list: _list, tuple: _tuple,
+    set: _set, frozenset: _frozenset, dict: _dict, min: _minmax(min), max: _minmax(max),
+    sum: _sum, all: _all_any(all), any: _all_any(any), abs: _abs, int: _scalar_cast(int),
+    float: _scalar_cast(float), bool: _bool, iter: _iter, next: _next, map: _map,
+    filter: _filter, sorted: _sorted, type: _type, callable: _callable, id: _id,
+    issubclass: _issubclass, setattr: _setattr, round: _divmod_round(round),
+    divmod: _divmod_round(divmod), pow: _divmod_round(pow), str: _str, repr: _str,
+}
+
+_ = (builtins, math, GeneratorResultVar, NestedFunctionVar, ContainerMethodVar, PyModuleVar,
+     TensorMethodVar)

@@ -1,0 +1,1412 @@
+"""The symbolic interpreter of CPython 3.11/3.12 bytecode.
+
+``Frame`` runs one code object over symbolic values (variables.py); ``Tracer`` holds what all
+frames of one capture share: the output graph, the wrapping of real values (with their guards),
+and the semantics of calls, attributes and operators. User functions and module ``forward``s are
+inlined by running a child ``Frame``; anything it cannot trace raises ``Unsupported`` with the
+user's file:line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import dis
+import enum
+import functools
+import inspect
+import logging
+import operator
+import sys
+import types
+from typing import Any, Callable
+
+import torch
+import torch.fx
+
+from .. import config
+from ..exc import Unsupported
+from . import rules
+from .output import OutputGraph
+from .variables import (AutocastVar, BoundMethodVar, BuiltinVar, CellVar, ClassVar, ConstVar,
+                        ContainerMethodVar, DataclassVar, DictVar, ExitVar, FunctionVar,
+                        GeneratorResultVar, GradModeVar, IteratorVar, ListVar, NestedFunctionVar,
+                        NNModuleVar, NullVar, ObjectVar, PyModuleVar, SetVar, SuperVar,
+                        TensorMethodVar, TensorVar, TupleVar, Var)
+
+log = logging.getLogger("ember.capture")
+
+PY312 = sys.version_info >= (3, 12)
+MAX_INSTRUCTIONS = 500_000
+
+_NB_OPS = [op for _, op in dis._nb_ops]  # type: ignore[attr-defined]
+
+
+class LazyVar(Var):
+    """A frame argument not looked at yet: wrapped (and guarded) on first use."""
+
+    def __init__(self, value: Any, source: str):
+        self.value = value
+        self.source = source
+
+
+class _Return(Exception):
+    def __init__(self, value: Var):
+        self.value = value
+
+
+def _is_namedtuple_cls(cls: type) -> bool:
+    return isinstance(cls, type) and issubclass(cls, tuple) and hasattr(cls, "_fields")
+
+
+def _is_model_output(cls: type) -> bool:
+    return any(c.__name__ == "ModelOutput" for c in getattr(cls, "__mro__", ()))
+
+
+class Tracer:
+    """State shared by every frame of one capture."""
+
+    def __init__(self, out: OutputGraph, root_fn: Callable[..., Any]):
+        self.out = out
+        self.root_fn = root_fn
+        self.pending_attrs: dict[int, dict[str, Var]] = {}
+        self.stored_objects: dict[int, Var] = {}
+        self.instructions = 0
+        self.frames: list["Frame"] = []
+
+    # =========================================================================================
+    # Wrapping real values
+    # =========================================================================================
+    def wrap(self, value: Any, source: str | None, *, guard: bool = True) -> Var:
+        out = self.out
+        if source is None:
+            if isinstance(value, (int, float, bool, str, type(None), bytes)):
+                return ConstVar(value)
+            source = out.ns(value, type(value).__name__)
+            guard = False
+        cached = out.var_by_source.get(source)
+        if cached is not None:
+            return cached
+        v = self._wrap(value, source, guard)
+        out.var_by_source[source] = v
+        return v
+
+    def _wrap(self, value: Any, source: str, guard: bool) -> Var:
+        out = self.out
+        g = out.guards.add if guard else (lambda e: None)
+        if isinstance(value, torch.Tensor):
+            is_param = ("._parameters[" in source or "._buffers[" in source
+                        or isinstance(value, torch.nn.Parameter))
+            return out.add_input(value, source, is_param=is_param)
+        t = type(value)
+        if value is None or t is bool:
+            g(f"({source}) is {value!r}")
+            return ConstVar(value, source)
+        if t in (int, float, str, bytes):
+            if t is float and value != value:
+                raise Unsupported("a NaN float argument cannot be guarded")
+            g(f"type({source}) is {t.__name__} and ({source}) == {value!r}")
+            return ConstVar(value, source)
+        if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
+            g(f"({source}) is {out.ns(value, str(value))}")
+            return ConstVar(value, source)
+        if isinstance(value, torch.device):
+            g(f"({source}) == {out.ns(value, 'device')}")
+            return ConstVar(value, source)
+        if isinstance(value, enum.Enum):
+            g(f"({source}) is {out.ns(value, 'enum')}")
+            return ConstVar(value, source)
+        if t is torch.Size:
+            g(f"({source}) == {tuple(value)!r}")
+            return TupleVar([ConstVar(int(s)) for s in value], source, cls=torch.Size)
+        if isinstance(value, tuple):
+            g(f"type({source}) is {out.ns(t, t.__name__)} and len({source}) == {len(value)}")
+            items = [self.wrap(x, f"({source})[{i}]", guard=guard) for i, x in enumerate(value)]
+            return TupleVar(items, source, cls=t)
+        if t is list:
+            g(f"type({source}) is list and len({source}) == {len(value)}")
+            return ListVar([self.wrap(x, f"({source})[{i}]", guard=guard)
+                            for i, x in enumerate(value)], source)
+        if t in (dict, collections_ordered_dict()):
+            keys = list(value.keys())
+            if not all(isinstance(k, (str, int, bool, type(None), float)) for k in keys):
+                g(f"({source}) is {out.ns(value, 'dict')}")
+                return ObjectVar(value, source)
+            g(f"type({source}) is {out.ns(t, t.__name__)} and list(({source}).keys()) == {keys!r}")
+            return DictVar({k: self.wrap(v, f"({source})[{k!r}]", guard=guard)
+                            for k, v in value.items()}, source, cls=t)
+        if t in (set, frozenset):
+            if all(isinstance(k, (str, int, bool, type(None), float)) for k in value):
+                g(f"type({source}) is {t.__name__} and ({source}) == {value!r}")
+                return SetVar([ConstVar(x) for x in value], source, cls=t)
+        if isinstance(value, range):
+            g(f"({source}) == {value!r}")
+            return ConstVar(value, source)
+        if isinstance(value, slice):
+            g(f"({source}) == {value!r}")
+            return ConstVar(value, source)
+        if isinstance(value, torch.nn.Module):
+            from .frame import CompiledFunction  # noqa: F401
+            g(f"({source}) is {out.ns(value, type(value).__name__)}")
+            return NNModuleVar(value, source)
+        if isinstance(value, types.ModuleType):
+            g(f"({source}) is {out.ns(value, value.__name__)}")
+            return PyModuleVar(value, source)
+        if isinstance(value, type):
+            g(f"({source}) is {out.ns(value, value.__name__)}")
+            return ClassVar(value, source)
+        if isinstance(value, types.FunctionType):
+            g(f"({source}) is {out.ns(value, value.__name__)}")
+            return FunctionVar(value, source)
+        if isinstance(value, types.MethodType):
+            g(f"({source}).__func__ is {out.ns(value.__func__, value.__func__.__name__)}")
+            fn = self.wrap(value.__func__, f"({source}).__func__", guard=False)
+            return BoundMethodVar(fn, self.wrap(value.__self__, f"({source}).__self__", guard=guard))
+        if callable(value) and isinstance(value, (types.BuiltinFunctionType,
+                                                  types.BuiltinMethodType,
+                                                  types.MethodDescriptorType,
+                                                  types.WrapperDescriptorType,
+                                                  torch._ops.OpOverload,
+                                                  torch._ops.OpOverloadPacket,
+                                                  functools.partial)):
+            g(f"({source}) is {out.ns(value, getattr(value, '__name__', 'fn'))}")
+            return BuiltinVar(value, source)
+        from .frame import CompiledFunction
+
+        if isinstance(value, CompiledFunction):  # an ember-compiled function called inside
+            inner = value.fn
+            if value.bound_self is not None:
+                return BoundMethodVar(FunctionVar(inner, None), self.wrap(value.bound_self, None))
+            g(f"({source}) is {out.ns(value, 'compiled')}")
+            return FunctionVar(inner, None)
+        g(f"({source}) is {out.ns(value, type(value).__name__)}")
+        return ObjectVar(value, source)
+
+    # =========================================================================================
+    # Graph operations
+    # =========================================================================================
+    def _to_node_and_fake(self, v: Var) -> tuple[Any, Any]:
+        if isinstance(v, TensorVar):
+            return v.node, v.fake
+        if isinstance(v, (TupleVar, ListVar)):
+            pairs = [self._to_node_and_fake(i) for i in v.items]
+            kind = tuple if isinstance(v, TupleVar) else list
+            if isinstance(v, TupleVar) and v.cls is torch.Size:
+                return tuple(p[0] for p in pairs), torch.Size(p[1] for p in pairs)
+            return kind(p[0] for p in pairs), kind(p[1] for p in pairs)
+        if isinstance(v, DictVar):
+            pairs = {k: self._to_node_and_fake(i) for k, i in v.items.items()}
+            return {k: p[0] for k, p in pairs.items()}, {k: p[1] for k, p in pairs.items()}
+        if isinstance(v, ConstVar):
+            if isinstance(v.value, slice):
+                return v.value, v.value
+            return v.value, v.value
+        if isinstance(v, (BuiltinVar, ClassVar, PyModuleVar)):
+            return v.value, v.value
+        if isinstance(v, SetVar) and v.is_const():
+            c = v.as_const()
+            return c, c
+        if isinstance(v, GeneratorResultVar):
+            pairs = [self._to_node_and_fake(i) for i in v.items]
+            return [p[0] for p in pairs], [p[1] for p in pairs]
+        raise Unsupported(f"cannot pass {v.describe()} to a torch operation")
+
+    def graph_call(self, op: str, target: Any, args: list[Var], kwargs: dict[str, Var],
+                   fake_fn: Callable[..., Any]) -> Var:
+        """Add one node (``call_function`` / ``call_method``) and return its symbolic result."""
+        nargs, fargs = [], []
+        for a in args:
+            n, f = self._to_node_and_fake(a)
+            nargs.append(n)
+            fargs.append(f)
+        nkw, fkw = {}, {}
+        for k, a in kwargs.items():
+            nkw[k], fkw[k] = self._to_node_and_fake(a)
+        try:
+            with self.out.fake_mode:
+                result = fake_fn(*fargs, **fkw)
+        except Unsupported:
+            raise
+        except Exception as e:
+            name = target if isinstance(target, str) else getattr(target, "__name__", target)
+            cls = type(e).__name__
+            if "DataDependent" in cls or "DynamicOutputShape" in cls:
+                raise Unsupported(f"{name}: data-dependent operation ({cls}); its result "
+                                  "depends on tensor values") from e
+            raise Unsupported(f"{name} failed while tracing with fake tensors: {cls}: {e}") from e
+        node = self.out.create_node(op, target, tuple(nargs), nkw)
+        return self.wrap_result(node, result)
+
+    def wrap_result(self, node: torch.fx.Node, result: Any) -> Var:
+        if isinstance(result, torch.Tensor):
+            node.meta["example_value"] = result
+            return TensorVar(node, result)
+        if isinstance(result, (tuple, list)) and any(isinstance(r, torch.Tensor) for r in result):
+            node.meta["example_value"] = result
+            items = []
+            for i, r in enumerate(result):
+                if isinstance(r, torch.Tensor):
+                    gi = self.out.create_node("call_function", operator.getitem, (node, i), {})
+                    gi.meta["example_value"] = r
+                    items.append(TensorVar(gi, r))
+                else:
+                    items.append(self.const_result(r))
+            if isinstance(result, list):
+                return ListVar(items)
+            return TupleVar(items, cls=type(result))
+        return self.const_result(result)
+
+    def const_result(self, r: Any) -> Var:
+        if isinstance(r, torch.Size):
+            return TupleVar([ConstVar(int(s)) for s in r], cls=torch.Size)
+        if isinstance(r, (int, float, bool, str, type(None), torch.dtype, torch.device)):
+            return ConstVar(r)
+        if isinstance(r, (tuple, list)):
+            items = [self.const_result(x) for x in r]
+            return TupleVar(items, cls=type(r)) if isinstance(r, tuple) else ListVar(items)
+        if isinstance(r, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            raise Unsupported("symbolic sizes are not supported (static shapes only)")
+        return ConstVar(r)
+
+    def call_torch_function(self, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+        return self.graph_call("call_function", fn, args, kwargs, fn)
+
+    def call_tensor_method(self, t: TensorVar, name: str, args: list[Var],
+                           kwargs: dict[str, Var]) -> Var:
+        if name in rules.TENSOR_BREAK_METHODS:
+            raise Unsupported(f"Tensor.{name}() needs the tensor's value in Python "
+                              "(a graph break)", hint="keep the value as a tensor, or move this "
+                              "call out of the compiled function")
+        if name in rules.TENSOR_META_METHODS and not (name == "type" and args):
+            f = t.fake
+            cargs = [a.as_const() for a in args]
+            ckw = {k: a.as_const() for k, a in kwargs.items()}
+            if name == "type":
+                return ConstVar(f.type())
+            return self.const_result(getattr(f, name)(*cargs, **ckw))
+        return self.graph_call("call_method", name, [t, *args], kwargs,
+                               lambda s, *a, **k: getattr(s, name)(*a, **k))
+
+    # =========================================================================================
+    # Attributes
+    # =========================================================================================
+    def getattr(self, obj: Var, name: str) -> Var:
+        if isinstance(obj, LazyVar):
+            raise AssertionError("lazy var leaked")
+        if isinstance(obj, TensorVar):
+            f = obj.fake
+            if name in rules.TENSOR_META_ATTRS:
+                if name == "shape":
+                    return TupleVar([ConstVar(int(s)) for s in f.shape], cls=torch.Size)
+                return self.const_result(getattr(f, name))
+            if name in rules.TENSOR_GRAPH_ATTRS:
+                if name == "data":
+                    return self.call_tensor_method(obj, "detach", [], {})
+                return self.graph_call("call_function", getattr, [obj, ConstVar(name)], {},
+                                       getattr)
+            if name == "grad":
+                raise Unsupported("reading Tensor.grad inside a compiled region")
+            if name == "__class__":
+                return ClassVar(obj.cls, None)
+            if hasattr(torch.Tensor, name):
+                return TensorMethodVar(obj, name)
+            raise Unsupported(f"unknown tensor attribute {name!r}")
+        if isinstance(obj, NNModuleVar):
+            return self.module_getattr(obj, name)
+        if isinstance(obj, ObjectVar):
+            pend = self.pending_attrs.get(id(obj.value), {})
+            if name in pend:
+                return pend[name]
+            return self.object_getattr(obj, obj.value, name)
+        if isinstance(obj, DataclassVar):
+            if name in obj.fields:
+                return obj.fields[name]
+            if name == "__class__":
+                return ClassVar(obj.cls, None)
+            attr = inspect.getattr_static(obj.cls, name, None)
+            if isinstance(attr, types.FunctionType):
+                return BoundMethodVar(FunctionVar(attr), obj)
+            if isinstance(attr, property) and attr.fget is not None:
+                return self.call(FunctionVar(attr.fget), [obj], {})
+            if dataclasses.is_dataclass(obj.cls):
+                for fld in dataclasses.fields(obj.cls):
+                    if fld.name == name:
+                        return ConstVar(None)
+            if attr is not None and not callable(attr):
+                return self.wrap(attr, None)
+            raise Unsupported(f"attribute {name!r} of {obj.describe()}")
+        if isinstance(obj, PyModuleVar):
+            try:
+                value = getattr(obj.value, name)
+            except AttributeError:
+                raise Unsupported(f"module {obj.value.__name__} has no attribute {name!r}")
+            trusted = obj.value.__name__.startswith(rules.TRUSTED_MODULE_PREFIXES)
+            if trusted:
+                return self.wrap(value, None)
+            return self.wrap(value, f"{obj.source}.{name}" if obj.source else None)
+        if isinstance(obj, ClassVar):
+            try:
+                value = inspect.getattr_static(obj.value, name)
+            except AttributeError:
+                raise Unsupported(f"class {obj.value.__qualname__} has no attribute {name!r}")
+            if isinstance(value, (staticmethod, classmethod)):
+                value = getattr(obj.value, name)
+                if isinstance(value, types.MethodType):
+                    return BoundMethodVar(FunctionVar(value.__func__), obj)
+                return self.wrap(value, None)
+            value = getattr(obj.value, name)
+            trusted = getattr(obj.value, "__module__", "").startswith(rules.TRUSTED_MODULE_PREFIXES)
+            src = None if (trusted or obj.source is None) else f"{obj.source}.{name}"
+            return self.wrap(value, src)
+        if isinstance(obj, ConstVar):
+            val = obj.value
+            try:
+                attr = getattr(val, name)
+            except AttributeError:
+                raise Unsupported(f"{type(val).__name__} constant has no attribute {name!r}")
+            if callable(attr) and not isinstance(attr, type):
+                return ContainerMethodVar(obj, name)
+            return self.const_result(attr) if not isinstance(attr, (types.ModuleType,)) else \
+                self.wrap(attr, None)
+        if isinstance(obj, (ListVar, DictVar, SetVar)):
+            return ContainerMethodVar(obj, name)
+        if isinstance(obj, TupleVar):
+            if obj.cls is not tuple and hasattr(obj.cls, "_fields") and name in obj.cls._fields:
+                return obj.items[obj.cls._fields.index(name)]
+            if obj.cls.__module__ == "torch.return_types":
+                idx = {"values": 0, "indices": 1, "eigenvalues": 0, "eigenvectors": 1,
+                       "Q": 0, "R": 1, "U": 0, "S": 1, "V": 2}.get(name)
+                if idx is not None:
+                    return obj.items[idx]
+            return ContainerMethodVar(obj, name)
+        if isinstance(obj, (FunctionVar, BuiltinVar)):
+            val = obj.value
+            if name in ("__name__", "__qualname__", "__module__", "__doc__"):
+                return ConstVar(getattr(val, name))
+            if name == "__self__" and isinstance(obj, BuiltinVar):
+                return self.wrap(val.__self__, None)
+            return self.wrap(getattr(val, name), None)
+        if isinstance(obj, NestedFunctionVar):
+            if name in ("__name__", "__qualname__"):
+                return ConstVar(getattr(obj.code, "co_" + name.strip("_")))
+        if isinstance(obj, SuperVar):
+            return self.super_getattr(obj, name)
+        if isinstance(obj, BoundMethodVar) and name == "__self__":
+            return obj.self_var
+        if isinstance(obj, BoundMethodVar) and name == "__func__":
+            return obj.fn
+        if isinstance(obj, GradModeVar | AutocastVar) and name in ("__enter__", "__exit__"):
+            raise Unsupported("explicit __enter__/__exit__ on a grad-mode context")
+        raise Unsupported(f"attribute {name!r} of {obj.describe()}")
+
+    def module_getattr(self, obj: NNModuleVar, name: str) -> Var:
+        m = obj.value
+        pend = self.pending_attrs.get(id(m), {})
+        if name in pend:
+            return pend[name]
+        src = obj.source
+        d = m.__dict__
+        if name in d.get("_parameters", {}):
+            return self.wrap(d["_parameters"][name], f"{src}._parameters[{name!r}]")
+        if name in d.get("_buffers", {}):
+            return self.wrap(d["_buffers"][name], f"{src}._buffers[{name!r}]")
+        if name in d.get("_modules", {}):
+            return self.wrap(d["_modules"][name], f"{src}._modules[{name!r}]")
+        return self.object_getattr(obj, m, name)
+
+    def object_getattr(self, obj: Var, value: Any, name: str) -> Var:
+        src = obj.source
+        if name == "__class__":
+            return self.wrap(type(value), None)
+        if name == "__dict__":
+            raise Unsupported("reading __dict__ of an object")
+        inst_dict = getattr(value, "__dict__", {})
+        if name in inst_dict:
+            return self.wrap(inst_dict[name], f"{src}.{name}" if src else None)
+        try:
+            static = inspect.getattr_static(value, name)
+        except AttributeError:
+            static = None
+        if isinstance(static, types.FunctionType):
+            return BoundMethodVar(FunctionVar(static), obj)
+        if isinstance(static, staticmethod):
+            return self.wrap(static.__func__, None)
+        if isinstance(static, classmethod):
+            return BoundMethodVar(FunctionVar(static.__func__), ClassVar(type(value), None))
+        if isinstance(static, property):
+            if static.fget is None:
+                raise Unsupported(f"property {name!r} has no getter")
+            return self.call(self.wrap(static.fget, None), [obj], {})
+        if static is None and not hasattr(value, name):
+            if isinstance(value, torch.nn.Module):
+                raise Unsupported(f"{type(value).__name__} has no attribute {name!r}")
+            getattr_fn = inspect.getattr_static(type(value), "__getattr__", None)
+            if isinstance(getattr_fn, types.FunctionType):
+                return self.call(FunctionVar(getattr_fn), [obj, ConstVar(name)], {})
+            raise Unsupported(f"{type(value).__name__} object has no attribute {name!r}")
+        real = getattr(value, name)
+        if isinstance(real, types.MethodType) and real.__self__ is value:
+            fn = real.__func__
+            if isinstance(fn, types.FunctionType):
+                return BoundMethodVar(FunctionVar(fn), obj)
+        if isinstance(real, (types.BuiltinMethodType, types.MethodWrapperType)):
+            return BuiltinVar(real)
+        return self.wrap(real, f"{src}.{name}" if src else None)
+
+    def super_getattr(self, sup: SuperVar, name: str) -> Var:
+        obj_type = sup.obj.python_type() if not isinstance(sup.obj, ClassVar) else sup.obj.value
+        mro = obj_type.__mro__
+        idx = mro.index(sup.cls)
+        for klass in mro[idx + 1:]:
+            if name in klass.__dict__:
+                attr = klass.__dict__[name]
+                if isinstance(attr, types.FunctionType):
+                    return BoundMethodVar(FunctionVar(attr), sup.obj)
+                if isinstance(attr, classmethod):
+                    return BoundMethodVar(FunctionVar(attr.__func__), ClassVar(obj_type, None))
+                if isinstance(attr, staticmethod):
+                    return self.wrap(attr.__func__, None)
+                if isinstance(attr, (types.WrapperDescriptorType, types.MethodDescriptorType)):
+                    if name == "__init__" and klass is object:
+                        return BuiltinVar(lambda *a, **k: None)
+                    return BoundMethodVar(BuiltinVar(attr), sup.obj)
+                if isinstance(attr, property):
+                    return self.call(FunctionVar(attr.fget), [sup.obj], {})
+                return self.wrap(attr, None)
+        raise Unsupported(f"super() has no attribute {name!r}")
+
+    def setattr(self, obj: Var, name: str, value: Var) -> None:
+        if isinstance(obj, DataclassVar):
+            obj.fields[name] = value
+            return
+        if isinstance(obj, (NNModuleVar, ObjectVar)):
+            if obj.source is None:
+                raise Unsupported(f"attribute store on {obj.describe()} without a source")
+            if isinstance(obj, NNModuleVar) and isinstance(value, TensorVar):
+                m = obj.value
+                if name in m._parameters:
+                    raise Unsupported("assigning a module parameter inside a compiled region")
+            self.pending_attrs.setdefault(id(obj.value), {})[name] = value
+            self.out.side_effects.append(("setattr", (obj, name, value)))
+            return
+        raise Unsupported(f"attribute store {name!r} on {obj.describe()}")
+
+    # =========================================================================================
+    # Calls
+    # =========================================================================================
+    def call(self, fn: Var, args: list[Var], kwargs: dict[str, Var]) -> Var:
+        if isinstance(fn, BoundMethodVar):
+            return self.call(fn.fn, [fn.self_var, *args], kwargs)
+        if isinstance(fn, TensorMethodVar):
+            return self.call_tensor_method(fn.tensor, fn.name, args, kwargs)
+        if isinstance(fn, ContainerMethodVar):
+            from .containers import call_container_method
+            return call_container_method(self, fn.obj, fn.name, args, kwargs)
+        if isinstance(fn, NNModuleVar):
+            return self.call_module(fn, args, kwargs)
+        if isinstance(fn, (FunctionVar, NestedFunctionVar)):
+            return self.call_function_var(fn, args, kwargs)
+        if isinstance(fn, ExitVar):
+            fn.restore()
+            return ConstVar(None)
+        if isinstance(fn, (BuiltinVar, ClassVar)):
+            from .builtins import call_builtin
+            return call_builtin(self, fn.value, args, kwargs)
+        if isinstance(fn, ConstVar) and callable(fn.value):
+            from .builtins import call_builtin
+            return call_builtin(self, fn.value, args, kwargs)
+        if isinstance(fn, ObjectVar):
+            call = inspect.getattr_static(type(fn.value), "__call__", None)
+            if isinstance(call, types.FunctionType):
+                return self.call(FunctionVar(call), [fn, *args], kwargs)
+        raise Unsupported(f"calling {fn.describe()}")
+
+    def call_function_var(self, fn: Var, args: list[Var], kwargs: dict[str, Var]) -> Var:
+        from .frame import is_allowed_in_graph, is_disabled
+        if isinstance(fn, FunctionVar):
+            f = fn.value
+            if is_disabled(f):
+                raise Unsupported(f"{f.__qualname__} is marked ember.disable")
+            if is_allowed_in_graph(f):
+                return self.call_torch_function(f, args, kwargs)
+            if f in rules.COMPILING_TRUE or f.__name__ in rules.COMPILING_TRUE_NAMES:
+                return ConstVar(True)
+            if f in rules.CONST_RESULTS:
+                from .builtins import call_builtin
+                return call_builtin(self, f, args, kwargs)
+            if rules.is_torch_op(f):
+                return self.call_torch_function(f, args, kwargs)
+            tm = rules.is_tensor_method(f)
+            if tm and args and isinstance(args[0], TensorVar):
+                return self.call_tensor_method(args[0], tm, args[1:], kwargs)
+            code = f.__code__
+            cells = self.closure_cells(code, f.__closure__, fn.source)
+            return self.inline(code, f.__globals__, self.fn_globals_source(f), args, kwargs,
+                               f.__defaults__, f.__kwdefaults__, cells, name=f.__qualname__,
+                               defaults_source=f"{fn.source}.__defaults__" if fn.source else None)
+        assert isinstance(fn, NestedFunctionVar)
+        defaults = tuple(fn.defaults.items) if fn.defaults else None
+        kwdefaults = dict(fn.kwdefaults.items) if fn.kwdefaults else None
+        cells = {}
+        if fn.closure:
+            for name, cell in zip(fn.code.co_freevars, fn.closure):
+                cells[name] = cell
+        return self.inline(fn.code, fn.fn_globals, fn.globals_source, args, kwargs, defaults,
+                           kwdefaults, cells, name=fn.code.co_qualname, vars_defaults=True)
+
+    def fn_globals_source(self, f: types.FunctionType) -> str:
+        if f.__globals__ is self.root_fn.__globals__:
+            return "___G"
+        return self.out.ns(f.__globals__, f"G_{f.__module__}")
+
+    def closure_cells(self, code: types.CodeType, closure: tuple | None,
+                      fn_source: str | None) -> dict[str, CellVar]:
+        cells: dict[str, CellVar] = {}
+        if closure:
+            for i, (name, cell) in enumerate(zip(code.co_freevars, closure)):
+                src = f"{fn_source}.__closure__[{i}]" if fn_source else self.out.ns(cell, "cell")
+                cells[name] = CellVar(None, real_cell=cell, source=src)
+        return cells
+
+    def inline(self, code: types.CodeType, fn_globals: dict, globals_source: str,
+               args: list[Var], kwargs: dict[str, Var], defaults: tuple | None,
+               kwdefaults: dict | None, cells: dict[str, CellVar], *, name: str,
+               defaults_source: str | None = None, vars_defaults: bool = False) -> Var:
+        depth = len(self.frames)
+        if depth > config.max_inline_depth:
+            raise Unsupported(f"inlining depth limit ({config.max_inline_depth}) reached at {name}")
+        if code.co_flags & (inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR |
+                            inspect.CO_ITERABLE_COROUTINE):
+            raise Unsupported(f"{name} is a coroutine")
+        locals_ = self.bind_args(code, args, kwargs, defaults, kwdefaults, name, defaults_source,
+                                 vars_defaults)
+        frame = Frame(self, code, fn_globals, globals_source, locals_, dict(cells))
+        is_gen = bool(code.co_flags & inspect.CO_GENERATOR)
+        if is_gen:
+            frame.yields = []
+        result = frame.run()
+        if is_gen:
+            return GeneratorResultVar(frame.yields)
+        return result
+
+    def bind_args(self, code: types.CodeType, args: list[Var], kwargs: dict[str, Var],
+                  defaults: tuple | None, kwdefaults: dict | None, name: str,
+                  defaults_source: str | None, vars_defaults: bool) -> dict[str, Var]:
+        names = code.co_varnames
+        npos = code.co_argcount
+        nkw = code.co_kwonlyargcount
+        has_var = bool(code.co_flags & inspect.CO_VARARGS)
+        has_kw = bool(code.co_flags & inspect.CO_VARKEYWORDS)
+        locals_: dict[str, Var] = {}
+        pos_names = names[:npos]
+        if len(args) > npos and not has_var:
+            raise Unsupported(f"{name}() takes {npos} positional arguments but {len(args)} given")
+        for n, a in zip(pos_names, args):
+            locals_[n] = a
+        extra = list(args[npos:])
+        kw_names = names[npos:npos + nkw]
+        var_kw: dict[str, Var] = {}
+        for k, v in kwargs.items():
+            if k in pos_names[code.co_posonlyargcount:] or k in kw_names:
+                if k in locals_:
+                    raise Unsupported(f"{name}() got multiple values for argument {k!r}")
+                locals_[k] = v
+            elif has_kw:
+                var_kw[k] = v
+            else:
+                raise Unsupported(f"{name}() got an unexpected keyword argument {k!r}")
+        ndef = len(defaults) if defaults else 0
+        for i, n in enumerate(pos_names):
+            if n not in locals_:
+                j = i - (npos - ndef)
+                if j < 0:
+                    raise Unsupported(f"{name}() missing required argument {n!r}")
+                d = defaults[j]  # type: ignore[index]
+                locals_[n] = d if vars_defaults else self.wrap(
+                    d, f"{defaults_source}[{j}]" if defaults_source else None, guard=False)
+        for n in kw_names:
+            if n not in locals_:
+                if not kwdefaults or n not in kwdefaults:
+                    raise Unsupported(f"{name}() missing keyword-only argument {n!r}")
+                d = kwdefaults[n]
+                locals_[n] = d if vars_defaults else self.wrap(d, None, guard=False)
+        i = npos + nkw
+        if has_var:
+            locals_[names[i]] = TupleVar(extra)
+            i += 1
+        if has_kw:
+            locals_[names[i]] = DictVar(var_kw)
+        return locals_
+
+    def call_module(self, mv: NNModuleVar, args: list[Var], kwargs: dict[str, Var]) -> Var:
+        m = mv.value
+        from torch.nn.modules import module as _mm
+        if (m._backward_hooks or getattr(m, "_backward_pre_hooks", None) or
+                _mm._global_backward_hooks or getattr(_mm, "_global_backward_pre_hooks", None) or
+                _mm._global_forward_hooks or _mm._global_forward_pre_hooks):
+            raise Unsupported(f"{type(m).__name__} has backward or global hooks")
+        if getattr(m, "_forward_hooks_with_kwargs", None) or getattr(
+                m, "_forward_pre_hooks_with_kwargs", None):
+            raise Unsupported(f"{type(m).__name__} has forward hooks with kwargs")
+        src = mv.source
+        if src is not None:
+            self.out.guards.add(
+                f"list(({src})._forward_pre_hooks) == {list(m._forward_pre_hooks)!r} and "
+                f"list(({src})._forward_hooks) == {list(m._forward_hooks)!r}")
+        for hid, hook in m._forward_pre_hooks.items():
+            hv = self.wrap(hook, f"({src})._forward_pre_hooks[{hid}]" if src else None)
+            res = self.call(hv, [mv, TupleVar(args)], {})
+            if not (isinstance(res, ConstVar) and res.value is None):
+                args = list(res.items) if isinstance(res, TupleVar) else [res]
+        fwd = m.__dict__.get("forward")
+        if fwd is not None:
+            out = self.call(self.wrap(fwd, f"({src}).forward" if src else None), args, kwargs)
+        else:
+            fwd_fn = type(m).forward
+            if fwd_fn is torch.nn.Module.forward:
+                raise Unsupported(f"{type(m).__name__} has no forward()")
+            out = self.call(FunctionVar(fwd_fn), [mv, *args], kwargs)
+        for hid, hook in m._forward_hooks.items():
+            hv = self.wrap(hook, f"({src})._forward_hooks[{hid}]" if src else None)
+            res = self.call(hv, [mv, TupleVar(args), out], {})
+            if not (isinstance(res, ConstVar) and res.value is None):
+                out = res
+        return out
+
+    # =========================================================================================
+    # Iteration / truthiness helpers
+    # =========================================================================================
+    def iterate(self, v: Var) -> list[Var]:
+        if isinstance(v, (TupleVar, ListVar)):
+            return list(v.items)
+        if isinstance(v, IteratorVar):
+            return v.remaining()
+        if isinstance(v, GeneratorResultVar):
+            return list(v.items)
+        if isinstance(v, DictVar):
+            return [ConstVar(k) if not isinstance(k, Var) else k for k in v.items]
+        if isinstance(v, SetVar):
+            return list(v.items)
+        if isinstance(v, ConstVar):
+            try:
+                return [self.const_result(x) if not isinstance(x, (torch.dtype,)) else ConstVar(x)
+                        for x in v.value]
+            except TypeError:
+                raise Unsupported(f"{v.describe()} is not iterable")
+        if isinstance(v, TensorVar):
+            if v.fake.dim() == 0:
+                raise Unsupported("iteration over a 0-d tensor")
+            n = v.fake.shape[0]
+            return [self.graph_call("call_function", operator.getitem, [v, ConstVar(i)], {},
+                                    operator.getitem) for i in range(n)]
+        if isinstance(v, NNModuleVar):
+            m = v.value
+            src = v.source
+            if isinstance(m, torch.nn.ModuleDict):
+                return [ConstVar(k) for k in m._modules]
+            if isinstance(m, (torch.nn.Sequential, torch.nn.ModuleList)):
+                return [self.wrap(c, f"{src}._modules[{k!r}]") for k, c in m._modules.items()]
+            if isinstance(m, (torch.nn.ParameterList,)):
+                return [self.wrap(p, f"{src}._parameters[{k!r}]")
+                        for k, p in m._parameters.items()]
+            if isinstance(m, torch.nn.ParameterDict):
+                return [ConstVar(k) for k in m._parameters]
+            it = inspect.getattr_static(type(m), "__iter__", None)
+            if isinstance(it, types.FunctionType):
+                return self.iterate(self.call(FunctionVar(it), [v], {}))
+        if isinstance(v, DataclassVar) and _is_model_output(v.cls):
+            return [ConstVar(k) for k, f in v.fields.items()
+                    if not (isinstance(f, ConstVar) and f.value is None)]
+        if isinstance(v, ObjectVar):
+            it = inspect.getattr_static(type(v.value), "__iter__", None)
+            if isinstance(it, types.FunctionType):
+                return self.iterate(self.call(FunctionVar(it), [v], {}))
+        raise Unsupported(f"iterating over {v.describe()}")
+
+    def truth(self, v: Var) -> bool:
+        if isinstance(v, ConstVar):
+            return bool(v.value)
+        if isinstance(v, TensorVar):
+            raise Unsupported("data-dependent control flow: a branch on a tensor's value "
+                              f"({v.describe()})", hint="use torch.where, or move the branch "
+                              "out of the compiled function")
+        if isinstance(v, (TupleVar, ListVar, SetVar)):
+            return len(v.items) > 0
+        if isinstance(v, DictVar):
+            return len(v.items) > 0
+        if isinstance(v, NNModuleVar):
+            return bool(v.value)
+        if isinstance(v, (FunctionVar, NestedFunctionVar, BuiltinVar, ClassVar, PyModuleVar,
+                          BoundMethodVar, TensorMethodVar)):
+            return True
+        if isinstance(v, DataclassVar):
+            if _is_model_output(v.cls):
+                return any(not (isinstance(f, ConstVar) and f.value is None)
+                           for f in v.fields.values())
+            return True
+        if isinstance(v, ObjectVar):
+            t = type(v.value)
+            if not hasattr(t, "__bool__") and not hasattr(t, "__len__"):
+                return True
+            return bool(v.value)
+        if isinstance(v, GeneratorResultVar):
+            return True
+        raise Unsupported(f"truth value of {v.describe()}")
+
+
+def collections_ordered_dict() -> type:
+    import collections
+    return collections.OrderedDict
+
+
+# =============================================================================================
+# Frames
+# =============================================================================================
+
+class Frame:
+    def __init__(self, tracer: Tracer, code: types.CodeType, fn_globals: dict,
+                 globals_source: str, locals_: dict[str, Var], cells: dict[str, CellVar]):
+        self.tracer = tracer
+        self.code = code
+        self.fn_globals = fn_globals
+        self.globals_source = globals_source
+        self.locals = locals_
+        self.cells = cells
+        for name in code.co_cellvars:
+            if name not in self.cells:
+                self.cells[name] = CellVar(locals_.pop(name, None) if name in locals_ else None)
+        self.instructions = _instructions(code)
+        self.index_of = {ins.offset: i for i, ins in enumerate(self.instructions)}
+        self.stack: list[Var] = []
+        self.ip = 0
+        self.kw_names: tuple[str, ...] = ()
+        self.yields: list[Var] | None = None
+        self.lineno = code.co_firstlineno
+
+    # -- location for messages ------------------------------------------------------------------
+    def where(self) -> str:
+        return f"{self.code.co_filename}:{self.lineno} in {self.code.co_name}"
+
+    def user_stack(self) -> str:
+        return " <- ".join(f.where() for f in reversed(self.tracer.frames))
+
+    # -- main loop ----------------------------------------------------------------------------
+    def run(self) -> Var:
+        self.tracer.frames.append(self)
+        try:
+            while True:
+                ins = self.instructions[self.ip]
+                self.ip += 1
+                if ins.starts_line:
+                    self.lineno = ins.starts_line if not PY312 or isinstance(
+                        ins.starts_line, int) else self.lineno
+                    if sys.version_info >= (3, 13):  # pragma: no cover
+                        pass
+                if ins.positions and ins.positions.lineno:
+                    self.lineno = ins.positions.lineno
+                self.tracer.instructions += 1
+                if self.tracer.instructions > MAX_INSTRUCTIONS:
+                    raise Unsupported("instruction budget exhausted (a very long loop?)")
+                handler = getattr(self, ins.opname, None)
+                if handler is None:
+                    raise Unsupported(f"bytecode {ins.opname} is not supported")
+                try:
+                    handler(ins)
+                except _Return as r:
+                    return r.value
+                except Unsupported as e:
+                    if e.where is None:
+                        e.where = self.where()
+                        e.args = (f"{e.reason}\n  at {self.user_stack()}" +
+                                  (f"\n  {e.hint}" if e.hint else ""),)
+                    raise
+        finally:
+            self.tracer.frames.pop()
+
+    def push(self, v: Var) -> None:
+        self.stack.append(v)
+
+    def pop(self) -> Var:
+        return self.stack.pop()
+
+    def popn(self, n: int) -> list[Var]:
+        if n == 0:
+            return []
+        out = self.stack[-n:]
+        del self.stack[-n:]
+        return out
+
+    def jump(self, ins: dis.Instruction) -> None:
+        self.ip = self.index_of[ins.argval]
+
+    # -- basics -------------------------------------------------------------------------------
+    def NOP(self, ins): pass
+    RESUME = NOP
+    PRECALL = NOP
+    CACHE = NOP
+    EXTENDED_ARG = NOP
+    COPY_FREE_VARS = NOP
+    MAKE_CELL = NOP
+
+    def POP_TOP(self, ins): self.pop()
+    def PUSH_NULL(self, ins): self.push(NullVar())
+
+    def COPY(self, ins): self.push(self.stack[-ins.arg])
+
+    def SWAP(self, ins):
+        i = ins.arg
+        self.stack[-1], self.stack[-i] = self.stack[-i], self.stack[-1]
+
+    def LOAD_CONST(self, ins):
+        self.push(self.tracer.wrap(ins.argval, None) if not isinstance(ins.argval, (
+            int, float, bool, str, type(None), bytes, tuple, frozenset, types.CodeType))
+            else self._const(ins.argval))
+
+    def _const(self, v: Any) -> Var:
+        if isinstance(v, tuple):
+            return TupleVar([self._const(x) for x in v])
+        return ConstVar(v)
+
+    def RETURN_VALUE(self, ins):
+        raise _Return(self.pop())
+
+    def RETURN_CONST(self, ins):
+        raise _Return(self._const(ins.argval))
+
+    def RETURN_GENERATOR(self, ins):
+        if self.yields is None:
+            raise Unsupported("generator outside an inlined call")
+        self.push(ConstVar(None))
+
+    def YIELD_VALUE(self, ins):
+        if self.yields is None:
+            raise Unsupported("yield in the compiled function itself")
+        self.yields.append(self.pop())
+        self.push(ConstVar(None))
+
+    # -- locals, globals, cells -----------------------------------------------------------------
+    def read_local(self, name: str) -> Var:
+        try:
+            v = self.locals[name]
+        except KeyError:
+            if name in self.cells:
+                return self.read_cell(name)
+            raise Unsupported(f"local variable {name!r} referenced before assignment")
+        if isinstance(v, LazyVar):
+            v = self.tracer.wrap(v.value, v.source)
+            self.locals[name] = v
+        return v
+
+    def LOAD_FAST(self, ins): self.push(self.read_local(ins.argval))
+    LOAD_FAST_CHECK = LOAD_FAST
+
+    def LOAD_FAST_AND_CLEAR(self, ins):
+        v = self.locals.pop(ins.argval, None)
+        if isinstance(v, LazyVar):
+            v = self.tracer.wrap(v.value, v.source)
+        self.push(v if v is not None else NullVar())
+
+    def STORE_FAST(self, ins):
+        v = self.pop()
+        if isinstance(v, NullVar):
+            self.locals.pop(ins.argval, None)
+        else:
+            self.locals[ins.argval] = v
+
+    def DELETE_FAST(self, ins): self.locals.pop(ins.argval, None)
+
+    def LOAD_GLOBAL(self, ins):
+        name = ins.argval
+        if ins.arg & 1:
+            self.push(NullVar())
+        self.push(self.load_global(name))
+
+    def load_global(self, name: str) -> Var:
+        g = self.fn_globals
+        if g is self.tracer.root_fn.__globals__ and name in self.tracer.out.global_stores:
+            return self.tracer.out.global_stores[name]
+        if name in g:
+            value = g[name]
+            trusted = isinstance(value, types.ModuleType) and value.__name__.startswith(
+                rules.TRUSTED_MODULE_PREFIXES) or (getattr(value, "__module__", None) or
+                                                  "").startswith(("torch", "builtins"))
+            if trusted and not isinstance(value, (torch.Tensor, torch.nn.Module)):
+                return self.tracer.wrap(value, f"{self.globals_source}[{name!r}]", guard=False) \
+                    if isinstance(value, (types.ModuleType, type)) else self.tracer.wrap(
+                        value, None)
+            return self.tracer.wrap(value, f"{self.globals_source}[{name!r}]")
+        b = g.get("__builtins__", __builtins__)
+        bd = b if isinstance(b, dict) else b.__dict__
+        if name in bd:
+            return self.tracer.wrap(bd[name], None)
+        raise Unsupported(f"name {name!r} is not defined")
+
+    def STORE_GLOBAL(self, ins):
+        v = self.pop()
+        if self.fn_globals is not self.tracer.root_fn.__globals__:
+            raise Unsupported("global store into another module")
+        self.tracer.out.global_stores[ins.argval] = v
+        self.tracer.out.side_effects.append(("global", (ins.argval, v)))
+
+    def LOAD_NAME(self, ins):
+        self.push(self.load_global(ins.argval))
+
+    def read_cell(self, name: str) -> Var:
+        cell = self.cells.get(name)
+        if cell is None:
+            raise Unsupported(f"free variable {name!r} not found")
+        if cell.value is None:
+            if cell.real_cell is not None:
+                try:
+                    contents = cell.real_cell.cell_contents
+                except ValueError:
+                    raise Unsupported(f"free variable {name!r} referenced before assignment")
+                cell.value = self.tracer.wrap(contents, f"{cell.source}.cell_contents")
+            else:
+                raise Unsupported(f"free variable {name!r} referenced before assignment")
+        return cell.value
+
+    def LOAD_DEREF(self, ins): self.push(self.read_cell(ins.argval))
+    LOAD_CLASSDEREF = LOAD_DEREF
+
+    def STORE_DEREF(self, ins):
+        cell = self.cells.get(ins.argval)
+        v = self.pop()
+        if cell is None:
+            cell = self.cells[ins.argval] = CellVar(v)
+        if cell.real_cell is not None:
+            raise Unsupported(f"assignment to a closure variable {ins.argval!r} of an outer "
+                              "function (nonlocal) outside the compiled region")
+        cell.value = v
+
+    def DELETE_DEREF(self, ins):
+        raise Unsupported("del of a closure variable")
+
+    def LOAD_CLOSURE(self, ins):
+        cell = self.cells.get(ins.argval)
+        if cell is None:
+            cell = self.cells[ins.argval] = CellVar(None)
+        self.push(cell)
+
+    # -- attributes -----------------------------------------------------------------------------
+    def LOAD_ATTR(self, ins):
+        obj = self.pop()
+        if PY312 and ins.arg & 1:
+            self.push(NullVar())
+        self.push(self.tracer.getattr(obj, ins.argval))
+
+    def LOAD_METHOD(self, ins):
+        obj = self.pop()
+        self.push(NullVar())
+        self.push(self.tracer.getattr(obj, ins.argval))
+
+    def STORE_ATTR(self, ins):
+        obj = self.pop()
+        value = self.pop()
+        self.tracer.setattr(obj, ins.argval, value)
+
+    def DELETE_ATTR(self, ins):
+        raise Unsupported("del of an attribute")
+
+    def LOAD_SUPER_ATTR(self, ins):
+        self_var = self.pop()
+        cls_var = self.pop()
+        self.pop()  # the global `super`
+        sup = SuperVar(cls_var.as_const(), self_var)
+        if ins.arg & 1:
+            self.push(NullVar())
+        self.push(self.tracer.super_getattr(sup, ins.argval))
+
+    # -- building containers ---------------------------------------------------------------------
+    def BUILD_TUPLE(self, ins): self.push(TupleVar(self.popn(ins.arg)))
+    def BUILD_LIST(self, ins): self.push(ListVar(self.popn(ins.arg)))
+
+    def BUILD_SET(self, ins):
+        s = SetVar([])
+        from .containers import set_add
+        for it in self.popn(ins.arg):
+            set_add(s, it)
+        self.push(s)
+
+    def BUILD_MAP(self, ins):
+        items = self.popn(2 * ins.arg)
+        d = {}
+        for i in range(0, len(items), 2):
+            d[_key(items[i])] = items[i + 1]
+        self.push(DictVar(d))
+
+    def BUILD_CONST_KEY_MAP(self, ins):
+        keys = self.pop().as_const()
+        vals = self.popn(ins.arg)
+        self.push(DictVar(dict(zip(keys, vals))))
+
+    def BUILD_STRING(self, ins):
+        parts = self.popn(ins.arg)
+        self.push(ConstVar("".join(p.as_const() for p in parts)))
+
+    def FORMAT_VALUE(self, ins):
+        fmt_spec = self.pop().as_const() if (ins.arg & 0x04) == 0x04 else ""
+        value = self.pop()
+        if isinstance(value, TensorVar):
+            raise Unsupported("formatting a tensor into a string needs its value")
+        v = value.as_const()
+        conv = ins.arg & 0x03
+        if conv == 1:
+            v = str(v)
+        elif conv == 2:
+            v = repr(v)
+        elif conv == 3:
+            v = ascii(v)
+        self.push(ConstVar(format(v, fmt_spec)))
+
+    def BUILD_SLICE(self, ins):
+        items = self.popn(ins.arg)
+        vals = []
+        for it in items:
+            if isinstance(it, TensorVar):
+                raise Unsupported("slicing with a tensor bound")
+            vals.append(it.as_const())
+        self.push(ConstVar(slice(*vals)))
+
+    def LIST_APPEND(self, ins):
+        v = self.pop()
+        self.stack[-ins.arg].items.append(v)
+
+    def SET_ADD(self, ins):
+        from .containers import set_add
+        v = self.pop()
+        set_add(self.stack[-ins.arg], v)
+
+    def MAP_ADD(self, ins):
+        v = self.pop()
+        k = self.pop()
+        self.stack[-ins.arg].items[_key(k)] = v
+
+    def LIST_EXTEND(self, ins):
+        v = self.pop()
+        self.stack[-ins.arg].items.extend(self.tracer.iterate(v))
+
+    def SET_UPDATE(self, ins):
+        from .containers import set_add
+        v = self.pop()
+        for it in self.tracer.iterate(v):
+            set_add(self.stack[-ins.arg], it)
+
+    def DICT_UPDATE(self, ins):
+        v = self.pop()
+        target = self.stack[-ins.arg]
+        if isinstance(v, DictVar):
+            target.items.update(v.items)
+        elif isinstance(v, DataclassVar) and _is_model_output(v.cls):
+            target.items.update({k: f for k, f in v.fields.items()
+                                 if not (isinstance(f, ConstVar) and f.value is None)})
+        else:
+            raise Unsupported(f"dict update from {v.describe()}")
+    DICT_MERGE = DICT_UPDATE
+
+    def LIST_TO_TUPLE(self, ins):
+        self.push(TupleVar(self.pop().items))
+
+    def CALL_INTRINSIC_1(self, ins):
+        name = ins.argrepr
+        if name == "INTRINSIC_LIST_TO_TUPLE":
+            self.push(TupleVar(self.pop().items))
+        elif name == "INTRINSIC_UNARY_POSITIVE":
+            self.push(self.tracer_unary(operator.pos, self.pop()))
+        else:
+            raise Unsupported(f"intrinsic {name}")
+
+    # -- unpacking ----------------------------------------------------------------------------------
+    def UNPACK_SEQUENCE(self, ins):
+        v = self.pop()
+        items = self.tracer.iterate(v)
+        if len(items) != ins.arg:
+            raise Unsupported(f"unpacking {len(items)} values into {ins.arg} names")
+        for it in reversed(items):
+            self.push(it)
+
+    def UNPACK_EX(self, ins):
+        v = self.pop()
+        items = self.tracer.iterate(v)
+        before = ins.arg & 0xFF
+        after = ins.arg >> 8
+        if len(items) < before + after:
+            raise Unsupported("not enough values to unpack")
+        mid = items[before:len(items) - after]
+        res = items[:before] + [ListVar(mid)] + items[len(items) - after:]
+        for it in reversed(res):
+            self.push(it)
+
+    # -- operators ----------------------------------------------------------------------------------
+    def tracer_unary(self, op: Callable[[Any], Any], v: Var) -> Var:
+        if isinstance(v, TensorVar):
+            return self.tracer.call_torch_function(op, [v], {})
+        if v.is_const():
+            return ConstVar(op(v.as_const()))
+        raise Unsupported(f"unary {op.__name__} on {v.describe()}")
+
+    def UNARY_NEGATIVE(self, ins): self.push(self.tracer_unary(operator.neg, self.pop()))
+    def UNARY_POSITIVE(self, ins): self.push(self.tracer_unary(operator.pos, self.pop()))
+    def UNARY_INVERT(self, ins): self.push(self.tracer_unary(operator.invert, self.pop()))
+
+    def UNARY_NOT(self, ins):
+        self.push(ConstVar(not self.tracer.truth(self.pop())))
+
+    def BINARY_OP(self, ins):
+        b = self.pop()
+        a = self.pop()
+        op = rules.BINARY_OPS[_NB_OPS[ins.arg]]
+        from .builtins import binary_op
+        self.push(binary_op(self.tracer, op, a, b))
+
+    def COMPARE_OP(self, ins):
+        b = self.pop()
+        a = self.pop()
+        from .builtins import binary_op
+        self.push(binary_op(self.tracer, rules.COMPARE_OPS[ins.argval], a, b))
+
+    def IS_OP(self, ins):
+        b = self.pop()
+        a = self.pop()
+        from .builtins import is_same
+        r = is_same(a, b)
+        self.push(ConstVar(r != bool(ins.arg)))
+
+    def CONTAINS_OP(self, ins):
+        container = self.pop()
+        item = self.pop()
+        from .builtins import contains
+        r = contains(self.tracer, container, item)
+        self.push(ConstVar(r != bool(ins.arg)))
+
+    def BINARY_SUBSCR(self, ins):
+        idx = self.pop()
+        obj = self.pop()
+        from .builtins import getitem
+        self.push(getitem(self.tracer, obj, idx))
+
+    def BINARY_SLICE(self, ins):
+        end = self.pop()
+        start = self.pop()
+        obj = self.pop()
+        from .builtins import getitem
+        self.push(getitem(self.tracer, obj, ConstVar(slice(start.as_const(), end.as_const()))))
+
+    def STORE_SUBSCR(self, ins):
+        idx = self.pop()
+        obj = self.pop()
+        value = self.pop()
+        from .builtins import setitem
+        setitem(self.tracer, obj, idx, value)
+
+    def STORE_SLICE(self, ins):
+        end = self.pop()
+        start = self.pop()
+        obj = self.pop()
+        value = self.pop()
+        from .builtins import setitem
+        setitem(self.tracer, obj, ConstVar(slice(start.as_const(), end.as_const())), value)
+
+    def DELETE_SUBSCR(self, ins):
+        idx = self.pop()
+        obj = self.pop()
+        from .containers import delitem
+        delitem(self.tracer, obj, idx)
+
+    # -- control flow --------------------------------------------------------------------------------
+    def JUMP_FORWARD(self, ins): self.jump(ins)
+    JUMP_BACKWARD = JUMP_FORWARD
+    JUMP_BACKWARD_NO_INTERRUPT = JUMP_FORWARD
+    JUMP = JUMP_FORWARD
+    JUMP_NO_INTERRUPT = JUMP_FORWARD
+
+    def _pop_jump_if(self, ins, want: bool):
+        v = self.pop()
+        if self.tracer.truth(v) == want:
+            self.jump(ins)
+
+    def POP_JUMP_IF_FALSE(self, ins): self._pop_jump_if(ins, False)
+    def POP_JUMP_IF_TRUE(self, ins): self._pop_jump_if(ins, True)
+    POP_JUMP_FORWARD_IF_FALSE = POP_JUMP_IF_FALSE
+    POP_JUMP_BACKWARD_IF_FALSE = POP_JUMP_IF_FALSE
+    POP_JUMP_FORWARD_IF_TRUE = POP_JUMP_IF_TRUE
+    POP_JUMP_BACKWARD_IF_TRUE = POP_JUMP_IF_TRUE
+
+    def _is_none(self, v: Var) -> bool:
+        return isinstance(v, ConstVar) and v.value is None
+
+    def POP_JUMP_IF_NONE(self, ins):
+        if self._is_none(self.pop()):
+            self.jump(ins)
+
+    def POP_JUMP_IF_NOT_NONE(self, ins):
+        if not self._is_none(self.pop()):
+            self.jump(ins)
+    POP_JUMP_FORWARD_IF_NONE = POP_JUMP_IF_NONE
+    POP_JUMP_BACKWARD_IF_NONE = POP_JUMP_IF_NONE
+    POP_JUMP_FORWARD_IF_NOT_NONE = POP_JUMP_IF_NOT_NONE
+    POP_JUMP_BACKWARD_IF_NOT_NONE = POP_JUMP_IF_NOT_NONE
+
+    def JUMP_IF_FALSE_OR_POP(self, ins):
+        if not self.tracer.truth(self.stack[-1]):
+            self.jump(ins)
+        else:
+            self.pop()
+
+    def JUMP_IF_TRUE_OR_POP(self, ins):
+        if self.tracer.truth(self.stack[-1]):
+            self.jump(ins)
+        else:
+            self.pop()
+
+    def GET_ITER(self, ins):
+        v = self.pop()
+        if isinstance(v, IteratorVar):
+            self.push(v)
+        else:
+            self.push(IteratorVar(self.tracer.iterate(v)))
+
+    def FOR_ITER(self, ins):
+        it = self.stack[-1]
+        if not isinstance(it, IteratorVar):
+            raise Unsupported(f"FOR_ITER over {it.describe()}")
+        nxt = it.next()
+        if nxt is None:
+            self.pop()
+            self.jump(ins)
+            if PY312 and self.instructions[self.ip].opname == "END_FOR":
+                self.ip += 1
+        else:
+            self.push(nxt)
+
+    def END_FOR(self, ins):
+        self.popn(2)
+
+    def GET_LEN(self, ins):
+        from .builtins import call_builtin
+        self.push(call_builtin(self.tracer, len, [self.stack[-1]], {}))
+
+    # -- calls -------------------------------------------------------------------------------------
+    def KW_NAMES(self, ins):
+        self.kw_names = ins.argval if isinstance(ins.argval, tuple) else \
+            self.code.co_consts[ins.arg]
+
+    def CALL(self, ins):
+        argc = ins.arg
+        args = self.popn(argc)
+        a = self.pop()
+        b = self.pop()
+        if isinstance(b, NullVar):
+            fn = a
+        else:
+            fn = b
+            args = [a, *args]
+        kw_names = self.kw_names
+        self.kw_names = ()
+        kwargs = {}
+        if kw_names:
+            n = len(kw_names)
+            kwargs = dict(zip(kw_names, args[-n:]))
+            args = args[:-n]
+        self.push(self.call(fn, args, kwargs))
+
+    def call(self, fn: Var, args: list[Var], kwargs: dict[str, Var]) -> Var:
+        if isinstance(fn, BuiltinVar) and fn.value is super and not args:
+            return self._zero_arg_super()
+        return self.tracer.call(fn, args, kwargs)
+
+    def _zero_arg_super(self) -> Var:
+        cls_cell = self.cells.get("__class__")
+        if cls_cell is None or not self.code.co_varnames:
+            raise Unsupported("super() without __class__ cell")
+        cls = self.read_cell("__class__").as_const()
+        first = self.code.co_varnames[0]
+        obj = self.locals.get(first)
+        if obj is None and first in self.cells:
+            obj = self.read_cell(first)
+        if obj is None:
+            raise Unsupported("super(): first argument not found")
+        if isinstance(obj, LazyVar):
+            obj = self.read_local(first)
+        return SuperVar(cls, obj)
+
+    def CALL_FUNCTION_EX(self, ins):
+        kwargs_var = self.pop() if ins.arg & 1 else None
+        args_var = self.pop()
+        fn = self.pop()
+        if self.stack and isinstance(self.stack[-1], NullVar):
+            self.pop()
+        args = self.tracer.iterate(args_var)
+        kwargs = {}
+        if kwargs_var is not None:
+            if isinstance(kwargs_var, DictVar):
+                kwargs = dict(kwargs_var.items)
+            elif isinstance(kwargs_var, DataclassVar) and _is_model_output(kwargs_var.cls):
+                kwargs = {k: f for k, f in kwargs_var.fields.items()
+                          if not (isinstance(f, ConstVar) and f.value is None)}
+            else:
+                raise Unsupported(f"**kwargs from {kwargs_var.describe()}")
+        self.push(self.call(fn, args, kwargs))
+
+    def MAKE_FUNCTION(self, ins):
+        code_var = self.pop()
+        code = code_var.as_const()
+        if not PY312 and sys.version_info < (3, 11):  # pragma: no cover
+            self.pop()
+        closure = self.pop() if ins.arg & 0x08 else None
+        if ins.arg & 0x04:
+            self.pop()  # annotations
+        kwdefaults = self.pop() if ins.arg & 0x02 else None
+        defaults = self.pop() if ins.arg & 0x01 else None
+        self.push(NestedFunctionVar(code, self.fn_globals, defaults, kwdefaults,
+                                    tuple(closure.items) if closure else None,
+                                    self.globals_source))
+
+    # -- with blocks -------------------------------------------------------------------------------
+    def BEFORE_WITH(self, ins):
+        ctx = self.pop()
+        from .builtins import enter_context
+        exit_var, entered = enter_context(self.tracer, ctx)
+        self.push(exit_var)
+        self.push(entered)
+
+    # -- imports -------------------------------------------------------------------------------------
+    def IMPORT_NAME(self, ins):
+        fromlist = self.pop().as_const()
+        level = self.pop().as_const()
+        mod = __import__(ins.argval, self.fn_globals, None, fromlist, level)
+        self.push(self.tracer.wrap(mod, None))
+
+    def IMPORT_FROM(self, ins):
+        mod = self.stack[-1]
+        self.push(self.tracer.getattr(mod, ins.argval))
+
+    # -- exceptions (only reached when the program raises) ------------------------------------------
+    def RAISE_VARARGS(self, ins):
+        raise Unsupported("the program raises an exception here (raise statement reached "
+                          "while tracing)")
+
+    def LOAD_ASSERTION_ERROR(self, ins):
+        raise Unsupported("an assert fails while tracing")
+
+    def SETUP_ANNOTATIONS(self, ins):
+        raise Unsupported("annotations setup")
+
+
+def _key(v: Var) -> Any:
+    if isinstance(v, ConstVar):
+        return v.value
+    if isinstance(v, (BuiltinVar, ClassVar)):
+        return v.value
+    if v.is_const():
+        return v.as_const()
+    raise Unsupported(f"a dict key must be a Python constant, got {v.describe()}")
+
+
+_INSTR_CACHE: dict[types.CodeType, list[dis.Instruction]] = {}
+
+
+def _instructions(code: types.CodeType) -> list[dis.Instruction]:
+    ins = _INSTR_CACHE.get(code)
+    if ins is None:
+        ins = _INSTR_CACHE[code] = [i for i in dis.get_instructions(code) if i.opname != "CACHE"]
+    return ins

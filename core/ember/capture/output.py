@@ -1,0 +1,267 @@
+"""The output of one capture: the fx graph being built, its inputs, the guards, and the
+generation of the entry function (readable Python) that runs it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import types
+from typing import Any, Callable
+
+import torch
+import torch.fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from .. import _logging
+from ..exc import Unsupported
+from .variables import (BuiltinVar, ClassVar, ConstVar, DataclassVar, DictVar, FunctionVar,
+                        ListVar, NNModuleVar, ObjectVar, PyModuleVar, SetVar, TensorVar, TupleVar,
+                        Var)
+
+log = logging.getLogger("ember.capture")
+graph_log = _logging.get_artifact_logger("graph")
+guard_log = _logging.get_artifact_logger("guards")
+code_log = _logging.get_artifact_logger("output_code")
+
+_SIMPLE_CONSTS = (int, float, bool, str, type(None), bytes)
+
+
+class GuardSet:
+    """Guards as Python expressions over the entry function's arguments and namespace."""
+
+    def __init__(self) -> None:
+        self.exprs: list[str] = []
+        self._seen: set[str] = set()
+
+    def add(self, expr: str) -> None:
+        if expr not in self._seen:
+            self._seen.add(expr)
+            self.exprs.append(expr)
+
+
+class OutputGraph:
+    def __init__(self, fn_globals: dict[str, Any]):
+        self.graph = torch.fx.Graph()
+        self.fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
+        self.guards = GuardSet()
+        self.namespace: dict[str, Any] = {"___G": fn_globals, "___torch": torch}
+        self._ns_ids: dict[int, str] = {}
+        self._counter = itertools.count()
+        # graph inputs: (placeholder var, source expression, real value)
+        self.inputs: list[tuple[TensorVar, str, torch.Tensor]] = []
+        self.tensor_by_id: dict[int, TensorVar] = {}
+        self.var_by_source: dict[str, Var] = {}
+        # side effects to replay after the graph runs, in program order
+        self.side_effects: list[tuple[str, Any]] = []
+        self.mutated_containers: list[Var] = []
+        self.object_stores: dict[tuple[int, str], tuple[Var, str, Var]] = {}
+        self.global_stores: dict[str, Var] = {}
+
+    # -- namespace ---------------------------------------------------------------------------
+    def ns(self, obj: Any, hint: str = "obj") -> str:
+        """A name in the entry's namespace that refers to ``obj`` (kept alive by the entry)."""
+        key = id(obj)
+        name = self._ns_ids.get(key)
+        if name is None:
+            clean = "".join(c if c.isalnum() else "_" for c in hint)[:24]
+            name = f"___{clean}_{next(self._counter)}"
+            self.namespace[name] = obj
+            self._ns_ids[key] = name
+        return name
+
+    # -- graph building ----------------------------------------------------------------------
+    def add_input(self, value: torch.Tensor, source: str, is_param: bool) -> TensorVar:
+        existing = self.tensor_by_id.get(id(value))
+        if existing is not None:
+            if existing.source != source:
+                self.guards.add(f"({source}) is ({existing.source})")
+            return existing
+        name = _node_name(source, len(self.inputs))
+        node = self.graph.placeholder(name)
+        fake = self.fake_mode.from_tensor(value, static_shapes=True)
+        node.meta["example_value"] = fake
+        var = TensorVar(node, fake, source=source, cls=type(value), is_param=is_param)
+        self.inputs.append((var, source, value))
+        self.tensor_by_id[id(value)] = var
+        if is_param:
+            self.guards.add(f"({source}) is {self.ns(value, 'p')}")
+            self.guards.add(f"({source}).requires_grad is {bool(value.requires_grad)}")
+        else:
+            self.guards.add(self.tensor_guard(source, value))
+        return var
+
+    def tensor_guard(self, source: str, t: torch.Tensor) -> str:
+        parts = [
+            f"type({source}) is {self.ns(type(t), type(t).__name__)}",
+            f"({source}).dtype is {self.ns(t.dtype, str(t.dtype))}",
+            f"({source}).device == {self.ns(t.device, 'device')}",
+            f"({source}).shape == {tuple(t.shape)!r}",
+            f"({source}).stride() == {tuple(t.stride())!r}",
+            f"({source}).requires_grad is {bool(t.requires_grad)}",
+        ]
+        return " and ".join(parts)
+
+    def create_node(self, op: str, target: Any, args: tuple, kwargs: dict) -> torch.fx.Node:
+        return self.graph.create_node(op, target, args, kwargs)
+
+    # -- finishing ---------------------------------------------------------------------------
+    def graph_module(self, output_nodes: list[torch.fx.Node]) -> torch.fx.GraphModule:
+        self.graph.output(tuple(output_nodes))
+        self.graph.eliminate_dead_code()
+        gm = torch.fx.GraphModule(torch.nn.Module(), self.graph, class_name="EmberGraph")
+        return gm
+
+
+def _node_name(source: str, i: int) -> str:
+    base = "".join(c if c.isalnum() else "_" for c in source)
+    base = "_".join(p for p in base.split("_") if p and p not in ("modules", "parameters",
+                                                                   "buffers", "G"))
+    if not base or base[0].isdigit():
+        base = f"in{i}_{base}"
+    return "l_" + base[:60]
+
+
+# ---------------------------------------------------------------------------------------------
+# Output reconstruction: Var -> Python expression inside the entry function
+# ---------------------------------------------------------------------------------------------
+
+class Reconstructor:
+    def __init__(self, out: OutputGraph):
+        self.out = out
+        self.graph_outputs: list[torch.fx.Node] = []
+        self._out_index: dict[torch.fx.Node, int] = {}
+
+    def tensor_expr(self, v: TensorVar) -> str:
+        if v.node.op == "placeholder" and v.source is not None:
+            return v.source
+        idx = self._out_index.get(v.node)
+        if idx is None:
+            idx = len(self.graph_outputs)
+            self.graph_outputs.append(v.node)
+            self._out_index[v.node] = idx
+        return f"___o[{idx}]"
+
+    def expr(self, v: Var, *, allow_source: bool = True) -> str:
+        out = self.out
+        if isinstance(v, TensorVar):
+            return self.tensor_expr(v)
+        if isinstance(v, ConstVar):
+            val = v.value
+            if isinstance(val, _SIMPLE_CONSTS) and not (isinstance(val, float) and
+                                                        (val != val or val in (float("inf"),
+                                                                               float("-inf")))):
+                return repr(val)
+            return out.ns(val, type(val).__name__)
+        if isinstance(v, (ListVar, DictVar, SetVar)) and allow_source and v.source is not None:
+            return v.source  # identity matters; mutations are replayed separately
+        if isinstance(v, TupleVar):
+            inner = ", ".join(self.expr(i) for i in v.items)
+            if v.cls is tuple:
+                return f"({inner}{',' if len(v.items) == 1 else ''})"
+            if v.cls is torch.Size:
+                return f"___torch.Size([{inner}])"
+            if hasattr(v.cls, "_fields") or v.cls.__module__ == "torch.return_types":
+                if v.cls.__module__ == "torch.return_types":
+                    return f"{out.ns(v.cls, v.cls.__name__)}(({inner}{',' if len(v.items) == 1 else ''}))"
+                return f"{out.ns(v.cls, v.cls.__name__)}({inner})"
+            return f"{out.ns(v.cls, v.cls.__name__)}(({inner},))"
+        if isinstance(v, ListVar):
+            inner = ", ".join(self.expr(i) for i in v.items)
+            return f"[{inner}]" if v.cls is list else f"{out.ns(v.cls, v.cls.__name__)}([{inner}])"
+        if isinstance(v, SetVar):
+            if not v.items:
+                return "set()"
+            return "{" + ", ".join(self.expr(i) for i in v.items) + "}"
+        if isinstance(v, DictVar):
+            inner = ", ".join(f"{self.key_expr(k)}: {self.expr(val)}" for k, val in v.items.items())
+            if v.cls is dict:
+                return "{" + inner + "}"
+            return f"{out.ns(v.cls, v.cls.__name__)}({{{inner}}})"
+        if isinstance(v, DataclassVar):
+            inner = ", ".join(f"{k}={self.expr(val)}" for k, val in v.fields.items())
+            return f"{out.ns(v.cls, v.cls.__name__)}({inner})"
+        if isinstance(v, (NNModuleVar, ObjectVar, FunctionVar, PyModuleVar, ClassVar)):
+            if v.source is not None:
+                return v.source
+            return out.ns(v.value, "obj")
+        if isinstance(v, BuiltinVar):
+            return out.ns(v.value, getattr(v.value, "__name__", "fn"))
+        raise Unsupported(f"cannot return {v.describe()} from a compiled region")
+
+    def key_expr(self, k: Any) -> str:
+        if isinstance(k, _SIMPLE_CONSTS):
+            return repr(k)
+        return self.out.ns(k, "key")
+
+
+def signature_source(code: types.CodeType) -> str:
+    """The parameter list of ``code`` as source (defaults are attached separately)."""
+    names = code.co_varnames
+    npos = code.co_argcount
+    nposonly = code.co_posonlyargcount
+    nkw = code.co_kwonlyargcount
+    parts = list(names[:nposonly])
+    if nposonly:
+        parts.append("/")
+    parts += list(names[nposonly:npos])
+    i = npos + nkw
+    if code.co_flags & 0x04:  # CO_VARARGS
+        parts.append("*" + names[i])
+        i += 1
+    elif nkw:
+        parts.append("*")
+    parts += list(names[npos:npos + nkw])
+    if code.co_flags & 0x08:  # CO_VARKEYWORDS
+        parts.append("**" + names[i])
+    return ", ".join(parts)
+
+
+def build_entry(fn: Callable[..., Any], out: OutputGraph, compiled: Callable[..., Any],
+                input_exprs: list[str], prologue: list[str], body: list[str],
+                result_expr: str) -> Callable[..., Any]:
+    """Generate the entry function: guards, graph call, side effects, result."""
+    from .frame import MISS
+
+    code = fn.__code__
+    sig = signature_source(code)
+    ns = dict(out.namespace)
+    ns["___MISS"] = MISS
+    ns["___compiled"] = compiled
+    guard_expr = " and\n            ".join(out.guards.exprs) or "True"
+    lines = [f"def ___entry({sig}):",
+             "    try:",
+             f"        if not ({guard_expr}):",
+             "            return ___MISS",
+             "    except Exception:",
+             "        return ___MISS"]
+    lines += ["    " + p for p in prologue]
+    lines.append(f"    ___o = ___compiled({', '.join(input_exprs)})")
+    lines += ["    " + b for b in body]
+    lines.append(f"    return {result_expr}")
+    src = "\n".join(lines) + "\n"
+    # A second function evaluates the guards one by one to name the first that fails.
+    explain_lines = [f"def ___failed_guard({sig}):"]
+    for g in out.guards.exprs:
+        explain_lines += ["    try:", f"        if not ({g}):", f"            return {g!r}",
+                          "    except Exception as e:",
+                          f"        return {g!r} + ' (raised ' + type(e).__name__ + ')'"]
+    explain_lines.append("    return None")
+    src_explain = "\n".join(explain_lines) + "\n"
+    filename = f"<ember entry for {code.co_name} at {code.co_filename}:{code.co_firstlineno}>"
+    exec(compile(src, filename, "exec"), ns)
+    exec(compile(src_explain, filename, "exec"), ns)
+    entry = ns["___entry"]
+    entry.__defaults__ = fn.__defaults__
+    entry.__kwdefaults__ = fn.__kwdefaults__
+    explain = ns["___failed_guard"]
+    explain.__defaults__ = fn.__defaults__
+    explain.__kwdefaults__ = fn.__kwdefaults__
+    entry.failed_guard = explain
+    entry.source = src
+    entry.guards = list(out.guards.exprs)
+    if guard_log.isEnabledFor(logging.INFO):
+        guard_log.info("guards for %s:\n  %s", filename, "\n  ".join(out.guards.exprs))
+    if code_log.isEnabledFor(logging.INFO):
+        code_log.info("entry for %s:\n%s", filename, src)
+    return entry

@@ -1,0 +1,157 @@
+"""What the interpreter does with a callable it meets: put it in the graph, fold it to a constant,
+inline it, or break. Kept in one table-like module so that supporting a new function is a local
+change."""
+
+from __future__ import annotations
+
+import builtins
+import inspect
+import math
+import operator
+import types
+from typing import Any
+
+import torch
+
+#: Python modules whose attributes are read without guards (their members are not rebound by
+#: user code in practice; guarding them would cost every call).
+TRUSTED_MODULE_PREFIXES = ("torch", "math", "operator", "builtins", "functools", "itertools",
+                           "collections", "typing", "numbers", "enum", "dataclasses", "warnings",
+                           "inspect", "abc", "copy", "contextlib", "logging", "re", "string",
+                           "transformers.utils", "numpy")
+
+#: Calls that answer "is a compiler tracing me?": Ember is.
+def _compiling_fns() -> set[Any]:
+    out: set[Any] = set()
+    for path in ("torch.compiler.is_compiling", "torch.compiler.is_dynamo_compiling",
+                 "torch._utils.is_compiling"):
+        mod, _, name = path.rpartition(".")
+        try:
+            obj = __import__(mod, fromlist=[name])
+            out.add(getattr(obj, name))
+        except Exception:
+            pass
+    return out
+
+
+COMPILING_TRUE = _compiling_fns()
+COMPILING_TRUE_NAMES = {"is_torchdynamo_compiling", "is_compiling", "is_dynamo_compiling",
+                        "is_torchdynamo_exporting"}
+
+CONST_RESULTS: dict[Any, Any] = {
+    torch.jit.is_scripting: False,
+    torch.jit.is_tracing: False,
+    torch._C._get_tracing_state: None,
+    torch.is_grad_enabled: None,  # special-cased: the current grad mode
+    torch.get_default_dtype: None,  # special-cased
+    torch._C._has_torch_function: False,
+    torch._C._has_torch_function_unary: False,
+    torch._C._has_torch_function_variadic: False,
+    torch.overrides.has_torch_function: False,
+    torch.overrides.has_torch_function_unary: False,
+    torch.overrides.has_torch_function_variadic: False,
+    torch.is_autocast_enabled: None,  # special-cased
+}
+for _name in ("is_fx_tracing",):
+    try:
+        CONST_RESULTS[getattr(torch.fx._symbolic_trace, _name)] = False
+    except AttributeError:
+        pass
+try:
+    CONST_RESULTS[torch.fx._symbolic_trace.is_fx_symbolic_tracing] = False  # type: ignore[attr-defined]
+except AttributeError:
+    pass
+
+GRAD_MODE_CLASSES = {torch.no_grad: False, torch.enable_grad: True}
+AUTOCAST_CLASSES = {torch.autocast, torch.amp.autocast, torch.cpu.amp.autocast}
+
+#: Tensor attributes answered from FakeTensor metadata (Python constants in the graph's world).
+TENSOR_META_ATTRS = {"shape", "dtype", "device", "ndim", "requires_grad", "is_cuda", "layout",
+                     "is_sparse", "is_quantized", "is_meta", "is_leaf", "itemsize", "nbytes"}
+TENSOR_META_METHODS = {"size", "dim", "ndimension", "numel", "nelement", "stride",
+                       "is_floating_point", "is_complex", "is_contiguous", "element_size",
+                       "get_device", "is_signed", "type" }
+#: Tensor attributes that are graph operations.
+TENSOR_GRAPH_ATTRS = {"T", "mT", "H", "mH", "real", "imag", "data"}
+#: Tensor methods that force a value out of the graph: a graph break.
+TENSOR_BREAK_METHODS = {"item", "tolist", "numpy", "__bool__", "__int__", "__float__",
+                        "__index__", "data_ptr", "backward", "register_hook", "cpu_"}
+
+#: Pure Python callables safe to evaluate on constant arguments at trace time.
+PURE_BUILTINS = {
+    abs, all, any, bin, bool, callable, chr, divmod, float, format, frozenset, hash, hex, int,
+    isinstance, issubclass, len, max, min, oct, ord, pow, repr, round, sorted, str, sum, tuple,
+    type, list, dict, set, slice, range, reversed, enumerate, zip, map, filter, getattr, hasattr,
+    iter, next, id,
+}
+PURE_MODULES = (math, operator)
+
+
+def is_pure_const_callable(fn: Any) -> bool:
+    if fn in PURE_BUILTINS:
+        return True
+    mod = getattr(fn, "__module__", None)
+    if mod in ("math", "_operator", "operator"):
+        return True
+    if isinstance(fn, (types.BuiltinMethodType, types.MethodWrapperType)):
+        owner = getattr(fn, "__self__", None)
+        return isinstance(owner, (str, int, float, tuple, bytes, frozenset, bool, type(None),
+                                  torch.dtype, torch.device, torch.Size))
+    return False
+
+
+def is_torch_op(fn: Any) -> bool:
+    """A torch callable that becomes one graph node (not inlined)."""
+    if isinstance(fn, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return True
+    mod = getattr(fn, "__module__", None) or ""
+    if isinstance(fn, (types.BuiltinFunctionType, types.BuiltinMethodType)):
+        if mod.startswith("torch") or (getattr(fn, "__self__", None) is not None and
+                                       type(fn.__self__).__module__.startswith("torch")):
+            return True
+        self_obj = getattr(fn, "__self__", None)
+        if isinstance(self_obj, types.ModuleType) and self_obj.__name__.startswith("torch"):
+            return True
+        return False
+    if isinstance(fn, types.FunctionType):
+        if mod.startswith("torch.nn.functional") or mod.startswith("torch.nn.modules"):
+            return False  # inlined, as their bodies are plain torch calls
+        return mod.startswith("torch.") and not mod.startswith(("torch.utils", "torch.fx",
+                                                                "torch.jit", "torch._jit",
+                                                                "torch.nn.init", "torch.overrides",
+                                                                "torch._dynamo"))
+    return False
+
+
+def is_tensor_method(fn: Any) -> str | None:
+    """``torch.Tensor.add`` and friends called unbound: the method name."""
+    if isinstance(fn, (types.MethodDescriptorType, types.WrapperDescriptorType)):
+        if getattr(fn, "__objclass__", None) in (torch._C.TensorBase, torch.Tensor):
+            return fn.__name__
+    if isinstance(fn, types.FunctionType) and getattr(torch.Tensor, fn.__name__, None) is fn:
+        return fn.__name__
+    return None
+
+
+BINARY_OPS = {
+    "+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv,
+    "//": operator.floordiv, "%": operator.mod, "**": operator.pow, "@": operator.matmul,
+    "&": operator.and_, "|": operator.or_, "^": operator.xor, "<<": operator.lshift,
+    ">>": operator.rshift,
+    "+=": operator.iadd, "-=": operator.isub, "*=": operator.imul, "/=": operator.itruediv,
+    "//=": operator.ifloordiv, "%=": operator.imod, "**=": operator.ipow, "@=": operator.imatmul,
+    "&=": operator.iand, "|=": operator.ior, "^=": operator.ixor, "<<=": operator.ilshift,
+    ">>=": operator.irshift,
+}
+COMPARE_OPS = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
+               ">": operator.gt, ">=": operator.ge}
+INPLACE_TO_OUT = {operator.iadd: operator.add, operator.isub: operator.sub,
+                  operator.imul: operator.mul, operator.itruediv: operator.truediv,
+                  operator.ifloordiv: operator.floordiv, operator.imod: operator.mod,
+                  operator.ipow: operator.pow, operator.imatmul: operator.matmul,
+                  operator.iand: operator.and_, operator.ior: operator.or_,
+                  operator.ixor: operator.xor, operator.ilshift: operator.lshift,
+                  operator.irshift: operator.rshift}
+
+BUILTINS = builtins
+_ = inspect

@@ -1,0 +1,421 @@
+"""Symbolic values tracked by the interpreter.
+
+Every value on the symbolic stack is a ``Var``. A Var that came from the outside world (an
+argument, a global, an attribute of one) carries a ``source``: the Python expression that fetches
+it again inside the generated entry function. Sources are what guards are written against and what
+the output code uses to rebuild values that leave the frame.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from typing import Any
+
+import torch
+
+from ..exc import Unsupported
+
+__all__ = [
+    "Var", "ConstVar", "TensorVar", "TupleVar", "ListVar", "DictVar", "SetVar", "NullVar",
+    "IteratorVar", "NNModuleVar", "FunctionVar", "NestedFunctionVar", "BoundMethodVar",
+    "BuiltinVar", "ObjectVar", "PyModuleVar", "ClassVar", "CellVar", "SuperVar", "GradModeVar",
+    "DataclassVar", "TensorMethodVar", "ContainerMethodVar", "GeneratorResultVar", "AutocastVar",
+    "ExitVar",
+]
+
+
+class Var:
+    source: str | None = None
+
+    def python_type(self) -> type:
+        raise Unsupported(f"type of {self!r} is not known while tracing")
+
+    def is_const(self) -> bool:
+        return False
+
+    def as_const(self) -> Any:
+        raise Unsupported(f"{self.describe()} is not a Python constant here")
+
+    def describe(self) -> str:
+        return type(self).__name__
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(source={self.source!r})"
+
+
+class NullVar(Var):
+    """CPython's NULL stack marker (PUSH_NULL / LOAD_GLOBAL with the low bit set)."""
+
+
+class ConstVar(Var):
+    __slots__ = ("value", "source")
+
+    def __init__(self, value: Any, source: str | None = None):
+        self.value = value
+        self.source = source
+
+    def python_type(self) -> type:
+        return type(self.value)
+
+    def is_const(self) -> bool:
+        return True
+
+    def as_const(self) -> Any:
+        return self.value
+
+    def describe(self) -> str:
+        return f"constant {self.value!r}"
+
+    def __repr__(self) -> str:
+        return f"ConstVar({self.value!r})"
+
+
+class TensorVar(Var):
+    """A tensor in the graph: its fx node plus the FakeTensor that carries its metadata."""
+
+    __slots__ = ("node", "fake", "source", "cls", "is_param")
+
+    def __init__(self, node: torch.fx.Node, fake: torch.Tensor, source: str | None = None,
+                 cls: type = torch.Tensor, is_param: bool = False):
+        self.node = node
+        self.fake = fake
+        self.source = source
+        self.cls = cls
+        self.is_param = is_param
+
+    def python_type(self) -> type:
+        return self.cls
+
+    def describe(self) -> str:
+        f = self.fake
+        return f"tensor {tuple(f.shape)} {f.dtype}"
+
+    def __repr__(self) -> str:
+        return f"TensorVar({self.node.name}, {tuple(self.fake.shape)}, {self.fake.dtype})"
+
+
+class _SeqVar(Var):
+    items: list[Var]
+
+    def is_const(self) -> bool:
+        return all(i.is_const() for i in self.items)
+
+
+class TupleVar(_SeqVar):
+    """A tuple; ``cls`` is set for namedtuples, torch.Size and torch.return_types."""
+
+    def __init__(self, items: list[Var] | tuple[Var, ...], source: str | None = None,
+                 cls: type = tuple):
+        self.items = list(items)
+        self.source = source
+        self.cls = cls
+
+    def python_type(self) -> type:
+        return self.cls
+
+    def as_const(self) -> Any:
+        vals = [i.as_const() for i in self.items]
+        if self.cls is tuple:
+            return tuple(vals)
+        if self.cls is torch.Size:
+            return torch.Size(vals)
+        if hasattr(self.cls, "_fields"):
+            return self.cls(*vals)
+        return self.cls(vals)
+
+    def __repr__(self) -> str:
+        return f"TupleVar({self.items!r})"
+
+
+class ListVar(_SeqVar):
+    def __init__(self, items: list[Var], source: str | None = None, cls: type = list):
+        self.items = list(items)
+        self.source = source
+        self.mutated = False
+        self.cls = cls
+
+    def python_type(self) -> type:
+        return self.cls
+
+    def as_const(self) -> Any:
+        return [i.as_const() for i in self.items]
+
+    def __repr__(self) -> str:
+        return f"ListVar({self.items!r})"
+
+
+class DictVar(Var):
+    """A dict with Python-constant keys (insertion order kept)."""
+
+    def __init__(self, items: dict[Any, Var], source: str | None = None, cls: type = dict):
+        self.items = dict(items)
+        self.source = source
+        self.mutated = False
+        self.cls = cls
+
+    def python_type(self) -> type:
+        return self.cls
+
+    def is_const(self) -> bool:
+        return all(v.is_const() for v in self.items.values())
+
+    def as_const(self) -> Any:
+        return self.cls((k, v.as_const()) for k, v in self.items.items())
+
+
+class SetVar(Var):
+    def __init__(self, items: list[Var], source: str | None = None, cls: type = set):
+        self.items = list(items)
+        self.source = source
+        self.mutated = False
+        self.cls = cls
+
+    def python_type(self) -> type:
+        return self.cls
+
+    def is_const(self) -> bool:
+        return all(i.is_const() for i in self.items)
+
+    def as_const(self) -> Any:
+        return self.cls(i.as_const() for i in self.items)
+
+
+class IteratorVar(Var):
+    """An iterator over already-known items (lists, ranges, zip, enumerate, dict views...)."""
+
+    def __init__(self, items: list[Var]):
+        self.items = list(items)
+        self.index = 0
+
+    def python_type(self) -> type:
+        return type(iter([]))
+
+    def next(self) -> Var | None:
+        if self.index >= len(self.items):
+            return None
+        v = self.items[self.index]
+        self.index += 1
+        return v
+
+    def remaining(self) -> list[Var]:
+        out = self.items[self.index:]
+        self.index = len(self.items)
+        return out
+
+
+class NNModuleVar(Var):
+    def __init__(self, module: torch.nn.Module, source: str | None):
+        self.value = module
+        self.source = source
+
+    def python_type(self) -> type:
+        return type(self.value)
+
+    def describe(self) -> str:
+        return f"module {type(self.value).__name__}"
+
+    def __repr__(self) -> str:
+        return f"NNModuleVar({type(self.value).__name__}, source={self.source!r})"
+
+
+class FunctionVar(Var):
+    """A real Python function (inlined when called)."""
+
+    def __init__(self, fn: types.FunctionType, source: str | None = None):
+        self.value = fn
+        self.source = source
+
+    def python_type(self) -> type:
+        return types.FunctionType
+
+    def describe(self) -> str:
+        return f"function {getattr(self.value, '__qualname__', self.value)}"
+
+    def __repr__(self) -> str:
+        return f"FunctionVar({getattr(self.value, '__qualname__', self.value)})"
+
+
+class CellVar(Var):
+    """A closure cell created inside the traced region (or wrapping a real cell)."""
+
+    def __init__(self, value: Var | None = None, real_cell: Any = None, source: str | None = None):
+        self.value = value
+        self.real_cell = real_cell
+        self.source = source
+
+
+class NestedFunctionVar(Var):
+    """A function created by MAKE_FUNCTION while tracing."""
+
+    def __init__(self, code: types.CodeType, fn_globals: dict, defaults: TupleVar | None,
+                 kwdefaults: DictVar | None, closure: tuple[CellVar, ...] | None,
+                 globals_source: str | None):
+        self.code = code
+        self.fn_globals = fn_globals
+        self.defaults = defaults
+        self.kwdefaults = kwdefaults
+        self.closure = closure
+        self.globals_source = globals_source
+
+    def python_type(self) -> type:
+        return types.FunctionType
+
+    def describe(self) -> str:
+        return f"function {self.code.co_qualname}"
+
+
+class BoundMethodVar(Var):
+    def __init__(self, fn: Var, self_var: Var):
+        self.fn = fn
+        self.self_var = self_var
+
+    def python_type(self) -> type:
+        return types.MethodType
+
+
+class BuiltinVar(Var):
+    """A callable that is not inlined: builtins, torch functions, C functions."""
+
+    def __init__(self, fn: Any, source: str | None = None):
+        self.value = fn
+        self.source = source
+
+    def python_type(self) -> type:
+        return type(self.value)
+
+    def is_const(self) -> bool:
+        return True
+
+    def as_const(self) -> Any:
+        return self.value
+
+    def describe(self) -> str:
+        return f"callable {getattr(self.value, '__qualname__', None) or self.value!r}"
+
+    def __repr__(self) -> str:
+        return f"BuiltinVar({getattr(self.value, '__name__', self.value)})"
+
+
+class TensorMethodVar(Var):
+    def __init__(self, tensor: TensorVar, name: str):
+        self.tensor = tensor
+        self.name = name
+
+
+class ContainerMethodVar(Var):
+    """A method of a list/dict/set/tuple Var, or of a constant (``"a".join``)."""
+
+    def __init__(self, obj: Var, name: str):
+        self.obj = obj
+        self.name = name
+
+
+class ObjectVar(Var):
+    """A user object from outside the frame: attribute reads are guarded and traced."""
+
+    def __init__(self, value: Any, source: str | None):
+        self.value = value
+        self.source = source
+        self.pending: dict[str, Var] = {}
+
+    def python_type(self) -> type:
+        return type(self.value)
+
+    def describe(self) -> str:
+        return f"object of type {type(self.value).__qualname__}"
+
+    def __repr__(self) -> str:
+        return f"ObjectVar({type(self.value).__name__}, source={self.source!r})"
+
+
+class DataclassVar(Var):
+    """An instance created while tracing by calling a class whose construction we understand
+    (dataclasses, HF ModelOutput, plain classes with a simple __init__): a bag of fields."""
+
+    def __init__(self, cls: type, fields: dict[str, Var]):
+        self.cls = cls
+        self.fields = dict(fields)
+        self.source = None
+
+    def python_type(self) -> type:
+        return self.cls
+
+    def describe(self) -> str:
+        return f"{self.cls.__qualname__} instance"
+
+
+class PyModuleVar(Var):
+    def __init__(self, module: types.ModuleType, source: str | None):
+        self.value = module
+        self.source = source
+
+    def python_type(self) -> type:
+        return types.ModuleType
+
+    def is_const(self) -> bool:
+        return True
+
+    def as_const(self) -> Any:
+        return self.value
+
+    def __repr__(self) -> str:
+        return f"PyModuleVar({self.value.__name__})"
+
+
+class ClassVar(Var):
+    def __init__(self, cls: type, source: str | None):
+        self.value = cls
+        self.source = source
+
+    def python_type(self) -> type:
+        return type(self.value)
+
+    def is_const(self) -> bool:
+        return True
+
+    def as_const(self) -> Any:
+        return self.value
+
+    def __repr__(self) -> str:
+        return f"ClassVar({self.value.__qualname__})"
+
+
+class SuperVar(Var):
+    def __init__(self, cls: type, obj: Var):
+        self.cls = cls
+        self.obj = obj
+
+
+@dataclasses.dataclass
+class GradModeVar(Var):
+    """torch.no_grad() / enable_grad() / set_grad_enabled(b) / inference_mode() objects."""
+
+    enabled: bool
+    source: str | None = None
+
+    def python_type(self) -> type:
+        return torch.no_grad if not self.enabled else torch.enable_grad
+
+
+@dataclasses.dataclass
+class AutocastVar(Var):
+    device_type: str
+    dtype: Any
+    enabled: bool
+    source: str | None = None
+
+
+class ExitVar(Var):
+    """The bound ``__exit__`` that BEFORE_WITH leaves on the stack."""
+
+    def __init__(self, ctx: Var, restore: Any):
+        self.ctx = ctx
+        self.restore = restore
+
+
+class GeneratorResultVar(Var):
+    """The generator object of an inlined generator function: its yields, collected eagerly."""
+
+    def __init__(self, items: list[Var]):
+        self.items = items
