@@ -1,0 +1,157 @@
+"""What a captured graph does to its inputs and how its outputs alias, found by running it over
+FakeTensors (no real compute, no tracing).
+
+The compiled graphs are purely functional, so before tracing we need to know which inputs the
+program mutates (their new values become extra graph outputs, copied back after the graph runs),
+which outputs are views of an input or of another output (those are regenerated as views at run
+time rather than returned by the graph), and which outputs require grad (each gets a tangent in
+the joint forward+backward trace).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import torch
+from torch._subclasses import FakeTensorMode
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+__all__ = ["OutputInfo", "GraphInfo", "analyze", "fakeify"]
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputInfo:
+    """How one flat user output is produced at run time.
+
+    kind: "graph" (a value the compiled forward returns, index ``index`` among its user outputs),
+    "input_alias" (a view of tensor input ``index``), "output_alias" (a view of flat user output
+    ``index``) or "const" (a non-tensor constant ``value``).
+    """
+
+    kind: str
+    index: int = -1
+    size: tuple[int, ...] = ()
+    stride: tuple[int, ...] = ()
+    offset: int = 0  # for "output_alias": relative to the base output's storage offset
+    same: bool = False  # the alias is the very tensor (same size, stride and offset)
+    value: Any = None
+
+
+@dataclasses.dataclass
+class GraphInfo:
+    out_spec: Any
+    outputs: list[OutputInfo]
+    graph_out_flat: list[int]  # flat user-output position of each "graph" output, in order
+    mutated: list[int]  # tensor-input positions the program mutates
+    graph_out_requires_grad: list[bool] = dataclasses.field(default_factory=list)
+    mutated_requires_grad: list[bool] = dataclasses.field(default_factory=list)
+
+
+class _MutationMode(TorchDispatchMode):
+    """Records which tensors ops write to (per their schema), applying Ember's base
+    decompositions first so that kernels whose schema hides a mutation (legacy batch norm updating
+    running statistics) show it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from .trace import base_decompositions
+
+        self.table = base_decompositions()
+        self.written: list[torch.Tensor] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        fn = self.table.get(func)
+        if fn is not None:
+            with self:
+                out = fn(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
+        schema = getattr(func, "_schema", None)
+        if schema is not None:
+            for i, a in enumerate(schema.arguments):
+                if a.alias_info is not None and a.alias_info.is_write:
+                    v = args[i] if i < len(args) else kwargs.get(a.name)
+                    if isinstance(v, torch.Tensor):
+                        self.written.append(v)
+        return func(*args, **kwargs)
+
+
+def fakeify(mode: FakeTensorMode, tensors: Sequence[torch.Tensor],
+            requires_grad: Sequence[bool] | None = None) -> list[torch.Tensor]:
+    """Fresh leaf FakeTensors with the inputs' sizes, strides, storage offsets and devices."""
+    out = []
+    for i, t in enumerate(tensors):
+        f = mode.from_tensor(t.detach())
+        if requires_grad is not None and requires_grad[i]:
+            f.requires_grad_(True)
+        out.append(f)
+    return out
+
+
+def _flatten(out: Any) -> tuple[list[Any], Any]:
+    return pytree.tree_flatten(out)
+
+
+def analyze(gm: torch.fx.GraphModule, tensors: Sequence[torch.Tensor],
+            requires_grad: Sequence[bool], need_grad_info: bool) -> GraphInfo:
+    """Find mutated inputs, aliased outputs and (when ``need_grad_info``) which outputs require
+    grad, by running ``gm`` over fake copies of ``tensors``."""
+    mode = FakeTensorMode()
+    fakes = fakeify(mode, tensors)
+    mm = _MutationMode()
+    with mode, mm, torch.no_grad():
+        flat, spec = _flatten(gm(*fakes))
+    mutated = [i for i, f in enumerate(fakes)
+               if any(torch._C._is_alias_of(w, f) for w in mm.written)]
+
+    outputs: list[OutputInfo] = []
+    graph_out_flat: list[int] = []
+    for k, o in enumerate(flat):
+        if not isinstance(o, torch.Tensor):
+            outputs.append(OutputInfo("const", value=o))
+            continue
+        info = None
+        for i, f in enumerate(fakes):
+            if torch._C._is_alias_of(o, f):
+                same = (o.size() == f.size() and o.stride() == f.stride()
+                        and o.storage_offset() == f.storage_offset())
+                info = OutputInfo("input_alias", i, tuple(o.size()), tuple(o.stride()),
+                                  o.storage_offset(), same)
+                break
+        if info is None:
+            for j in range(k):
+                b = flat[j]
+                if (isinstance(b, torch.Tensor) and outputs[j].kind == "graph"
+                        and torch._C._is_alias_of(o, b)):
+                    same = (o.size() == b.size() and o.stride() == b.stride()
+                            and o.storage_offset() == b.storage_offset())
+                    info = OutputInfo("output_alias", j, tuple(o.size()), tuple(o.stride()),
+                                      o.storage_offset() - b.storage_offset(), same)
+                    break
+        if info is None:
+            info = OutputInfo("graph", len(graph_out_flat))
+            graph_out_flat.append(k)
+        outputs.append(info)
+
+    result = GraphInfo(spec, outputs, graph_out_flat, mutated)
+    if need_grad_info:
+        _grad_info(gm, tensors, requires_grad, result)
+    return result
+
+
+def _grad_info(gm: torch.fx.GraphModule, tensors: Sequence[torch.Tensor],
+               requires_grad: Sequence[bool], info: GraphInfo) -> None:
+    """Second fake run with autograd on: which graph outputs and mutated inputs require grad."""
+    mode = FakeTensorMode()
+    fakes = fakeify(mode, tensors, requires_grad)
+    with mode, _MutationMode(), torch.enable_grad():
+        xs = list(fakes)
+        for i in info.mutated:
+            if xs[i].requires_grad:  # mutate a non-leaf copy, as the joint trace does
+                xs[i] = xs[i].clone()
+        flat, _ = _flatten(gm(*xs))
+    info.graph_out_requires_grad = [bool(flat[k].requires_grad) for k in info.graph_out_flat]
+    info.mutated_requires_grad = [bool(xs[i].requires_grad) for i in info.mutated]

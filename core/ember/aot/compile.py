@@ -1,0 +1,160 @@
+"""``aot_compile``: AOT autograd for backends that declare ``level="aten"``."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable, Sequence
+
+import torch
+
+from .. import events
+from .._logging import enabled
+from .analysis import GraphInfo, analyze
+from .partition import partition_joint, saved_bytes
+from .runtime import ForwardOnly, Training
+from .trace import trace_forward, trace_joint
+
+__all__ = ["aot_compile", "AOTCompiled"]
+
+log = logging.getLogger("ember.aot")
+
+
+def _example_from_meta(gm: torch.fx.GraphModule) -> list[torch.Tensor]:
+    """Real (zero-filled) tensors matching a graph's placeholders, for backend.compile."""
+    out = []
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            v = n.meta.get("val")
+            out.append(torch.empty_strided(v.shape, v.stride(), dtype=v.dtype,
+                                           device=v.device).zero_())
+    return out
+
+
+def _readable(gm: torch.fx.GraphModule) -> str:
+    return gm.print_readable(print_output=False)
+
+
+class AOTCompiled:
+    """The callable ``aot_compile`` returns. Takes the graph's inputs positionally, returns its
+    outputs. Variants (training for a given ``requires_grad`` pattern, inference) are compiled on
+    first use; the one for the example inputs is compiled eagerly."""
+
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], backend: Any,
+                 options: dict[str, Any]):
+        self.gm = gm
+        self.backend = backend
+        self.options = options
+        self.tensor_idx = [i for i, a in enumerate(example_inputs) if isinstance(a, torch.Tensor)]
+        self._variants: dict[Any, Any] = {}
+        self._lock = threading.Lock()
+        self._decomps = dict(backend.get_decompositions())
+        self._key_and_build(example_inputs)
+
+    # -- variants ------------------------------------------------------------------------
+    def _key(self, tensors: Sequence[torch.Tensor]) -> Any:
+        if torch.is_grad_enabled():
+            rg = tuple(t.requires_grad for t in tensors)
+            if any(rg):
+                return rg
+        return "inference"
+
+    def _key_and_build(self, args: Sequence[Any]) -> Any:
+        tensors = [args[i] for i in self.tensor_idx]
+        key = self._key(tensors)
+        v = self._variants.get(key)
+        if v is None:
+            with self._lock:
+                v = self._variants.get(key)
+                if v is None:
+                    v = self._build(key, args, tensors)
+                    self._variants[key] = v
+        return v, tensors
+
+    def __call__(self, *args: Any) -> Any:
+        v, tensors = self._key_and_build(args)
+        return v(tensors)
+
+    # -- building ------------------------------------------------------------------------
+    def _graph_fn(self, args: Sequence[Any]) -> torch.fx.GraphModule | Callable[..., Any]:
+        if len(self.tensor_idx) == len(args):
+            return self.gm
+        consts = list(args)
+        tensor_idx = self.tensor_idx
+
+        def only_tensors(*ts: Any) -> Any:  # non-tensor inputs are baked in as constants
+            full = list(consts)
+            for i, t in zip(tensor_idx, ts):
+                full[i] = t
+            return self.gm(*full)
+
+        return only_tensors  # type: ignore[return-value]
+
+    def _compile(self, gm: torch.fx.GraphModule, example: list[Any]) -> Callable[..., Any]:
+        from ..backends import _run_passes  # late: backends imports aot lazily
+
+        gm = _run_passes(gm, "aten")
+        fn = self.backend.compile(gm, example, **self.options)
+        if not callable(fn):
+            raise TypeError(f"backend {self.backend.name!r} returned {type(fn).__name__} for an "
+                            "ATen graph, expected a callable")
+        return fn
+
+    def _build(self, key: Any, args: Sequence[Any], tensors: list[torch.Tensor]) -> Any:
+        t0 = time.perf_counter()
+        fn = self._graph_fn(args)
+        training = key != "inference"
+        rg = list(key) if training else [False] * len(tensors)
+        info: GraphInfo = analyze(fn, tensors, rg, need_grad_info=training)
+        out_rg = info.graph_out_requires_grad + info.mutated_requires_grad
+        if training and not any(out_rg):
+            training = False  # nothing to differentiate: no joint trace needed
+        detached = [t.detach() for t in tensors]
+        if not training:
+            fw_gm = trace_forward(fn, tensors, info, self._decomps)
+            self._log("inference forward", fw_gm)
+            t1 = time.perf_counter()
+            events.emit("timing", stage="aot", seconds=t1 - t0, graph="inference")
+            return ForwardOnly(info, self._compile(fw_gm, detached))
+
+        joint, n_tangents = trace_joint(fn, tensors, rg, info, self._decomps)
+        n_fwd = len(info.graph_out_flat) + len(info.mutated)
+        part = partition_joint(joint, len(tensors), n_fwd, set(info.mutated))
+        if enabled("aot"):
+            log.info("AOT joint graph:\n%s", _readable(joint))
+            log.info("AOT saved for backward (%d tensors, %d bytes): %s", part.n_saved,
+                     part.saved_bytes, ", ".join(part.saved_names))
+        self._log("forward", part.fw)
+        self._log("backward", part.bw)
+        tangent_meta = []
+        for n in list(part.bw.graph.nodes)[part.n_saved:]:
+            if n.op != "placeholder":
+                break
+            v = n.meta["val"]
+            tangent_meta.append((tuple(v.shape), tuple(v.stride()), v.dtype))
+        t1 = time.perf_counter()
+        events.emit("timing", stage="aot", seconds=t1 - t0, graph="training",
+                    saved_bytes=part.saved_bytes)
+        fw = self._compile(part.fw, detached)
+        bw = self._compile(part.bw, _example_from_meta(part.bw))
+        return Training(info, fw, lambda: bw, rg, part.n_saved, tangent_meta)
+
+    def _log(self, what: str, gm: torch.fx.GraphModule) -> None:
+        if enabled("aot"):
+            log.info("AOT %s graph:\n%s", what, _readable(gm))
+
+
+def aot_compile(gm: torch.fx.GraphModule, example_inputs: list[Any], *, backend: Any,
+                options: dict[str, Any] | None = None) -> Callable[..., Any]:
+    """Compile a torch-level graph through AOT autograd for an ``level="aten"`` backend.
+
+    ``gm`` takes the flat inputs (user tensors, parameters, buffers) positionally and returns a
+    flat tuple/list of outputs. ``example_inputs`` are real tensors. ``backend`` is an
+    :class:`ember.Backend`: its ``compile`` gets the forward and the backward ATen graphs (training),
+    or one forward graph (inference, when no input requires grad or grad mode is off), with its
+    decomposition table applied. Returns a callable with ``gm``'s calling convention whose results
+    behave as eager's: gradients flow through the compiled backward, mutated inputs are updated,
+    outputs alias as in eager.
+    """
+    return AOTCompiled(gm, example_inputs, backend, dict(options or {}))

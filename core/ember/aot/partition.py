@@ -1,0 +1,282 @@
+"""Split a functional joint graph into a forward and a backward graph with a min cut.
+
+The question is which values the forward saves for the backward. Every value the backward uses
+that does not depend on a tangent is either saved (costs its bytes of memory until the backward
+runs) or recomputed in the backward from other saved values (costs time). We build a flow
+network in which each forward value ``n`` is an edge ``n_in -> n_out`` whose capacity is its size
+in bytes; values that are cheap to recompute (pointwise and view ops) pass flow on to their users
+for free, values that must exist in the forward (inputs, values the forward outputs need, and
+expensive or random ops, which we never recompute) are fed from the source, and values the
+backward consumes drain into the sink. A minimum cut is then the cheapest set of values to save:
+expensive results (matmul, convolution, reductions, random masks) are saved; chains of pointwise
+ops after them are recomputed.
+
+Random ops are never recomputed, so the backward always reuses the forward's random draw.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import operator
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+__all__ = ["Partition", "partition_joint", "saved_bytes"]
+
+aten = torch.ops.aten
+INF = 1 << 62
+
+# Recomputing these in the backward is cheap (memory-bound, usually fused by a real backend).
+_CHEAP_EXTRA = {
+    aten.clone.default, aten._to_copy.default, aten.full.default, aten.zeros.default,
+    aten.ones.default, aten.scalar_tensor.default, aten.full_like.default,
+    aten.zeros_like.default, aten.ones_like.default, aten.empty_like.default,
+    aten.empty.memory_format, aten.expand.default, aten.view.default, aten._unsafe_view.default,
+    aten.reshape.default, aten.squeeze.dim, aten.unsqueeze.default, aten.permute.default,
+    aten.t.default, aten.transpose.int, aten.slice.Tensor, aten.select.int,
+    aten.alias.default, aten.detach.default, aten.where.self, aten.lift_fresh_copy.default,
+}
+
+
+def is_random(n: fx.Node) -> bool:
+    t = n.target
+    return (n.op == "call_function" and isinstance(t, torch._ops.OpOverload)
+            and torch.Tag.nondeterministic_seeded in t.tags)
+
+
+def is_recomputable(n: fx.Node) -> bool:
+    if n.op != "call_function":
+        return False
+    t = n.target
+    if t is operator.getitem:
+        return True
+    if not isinstance(t, torch._ops.OpOverload) or is_random(n):
+        return False
+    if t in _CHEAP_EXTRA or torch.Tag.pointwise in t.tags:
+        return True
+    return t.is_view
+
+
+def _tensor_bytes(v: Any) -> int | None:
+    if isinstance(v, torch.Tensor):
+        return max(1, v.numel() * v.element_size())
+    return None
+
+
+def saved_bytes(nodes: list[fx.Node]) -> int:
+    return sum(_tensor_bytes(n.meta.get("val")) or 0 for n in nodes)
+
+
+@dataclasses.dataclass
+class Partition:
+    fw: fx.GraphModule  # inputs: primals; outputs: forward outputs, then saved values
+    bw: fx.GraphModule  # inputs: saved values, then tangents; outputs: gradients
+    n_saved: int
+    saved_names: list[str]
+    saved_bytes: int
+
+
+class _FlowGraph:
+    """Dinic's max flow over string-named vertices."""
+
+    def __init__(self) -> None:
+        self.idx: dict[str, int] = {}
+        self.adj: list[list[int]] = []
+        self.to: list[int] = []
+        self.cap: list[int] = []
+
+    def v(self, name: str) -> int:
+        i = self.idx.get(name)
+        if i is None:
+            i = self.idx[name] = len(self.adj)
+            self.adj.append([])
+        return i
+
+    def add(self, a: str, b: str, c: int) -> None:
+        u, w = self.v(a), self.v(b)
+        self.adj[u].append(len(self.to)); self.to.append(w); self.cap.append(c)
+        self.adj[w].append(len(self.to)); self.to.append(u); self.cap.append(0)
+
+    def _bfs(self, s: int, t: int) -> list[int] | None:
+        level = [-1] * len(self.adj)
+        level[s] = 0
+        q = collections.deque([s])
+        while q:
+            u = q.popleft()
+            for e in self.adj[u]:
+                if self.cap[e] > 0 and level[self.to[e]] < 0:
+                    level[self.to[e]] = level[u] + 1
+                    q.append(self.to[e])
+        return level if level[t] >= 0 else None
+
+    def max_flow(self, s_name: str, t_name: str) -> set[int]:
+        """Runs max flow; returns the vertices reachable from the source in the residual graph."""
+        s, t = self.v(s_name), self.v(t_name)
+        while True:
+            level = self._bfs(s, t)
+            if level is None:
+                break
+            it = [0] * len(self.adj)
+            path: list[int] = []
+            u = s
+            while True:  # iterative blocking-flow search (graphs can be thousands deep)
+                if u == t:
+                    f = min(self.cap[e] for e in path)
+                    for e in path:
+                        self.cap[e] -= f
+                        self.cap[e ^ 1] += f
+                    path.clear()
+                    u = s
+                    continue
+                advanced = False
+                while it[u] < len(self.adj[u]):
+                    e = self.adj[u][it[u]]
+                    w = self.to[e]
+                    if self.cap[e] > 0 and level[w] == level[u] + 1:
+                        path.append(e)
+                        u = w
+                        advanced = True
+                        break
+                    it[u] += 1
+                if not advanced:
+                    if u == s:
+                        break
+                    level[u] = -1  # dead end in this phase
+                    e = path.pop()
+                    u = self.to[e ^ 1]
+                    it[u] += 1
+        seen = {s}
+        q = collections.deque([s])
+        while q:
+            u = q.popleft()
+            for e in self.adj[u]:
+                if self.cap[e] > 0 and self.to[e] not in seen:
+                    seen.add(self.to[e])
+                    q.append(self.to[e])
+        return seen
+
+
+def partition_joint(joint: fx.GraphModule, n_primals: int, n_fwd_outs: int,
+                    mutated_primals: set[int]) -> Partition:
+    """Partition ``joint`` (inputs: primals then tangents; outputs: forward outputs then grads)."""
+    g = joint.graph
+    placeholders = [n for n in g.nodes if n.op == "placeholder"]
+    primals, tangents = placeholders[:n_primals], placeholders[n_primals:]
+    out_node = next(n for n in g.nodes if n.op == "output")
+    outs = list(out_node.args[0])
+    fwd_outs, grad_outs = outs[:n_fwd_outs], outs[n_fwd_outs:]
+    order = {n: i for i, n in enumerate(g.nodes)}
+
+    tangent_dep: set[fx.Node] = set(tangents)
+    for n in g.nodes:
+        if n.op == "call_function" and any(a in tangent_dep for a in n.all_input_nodes):
+            tangent_dep.add(n)
+
+    bw_needs: set[fx.Node] = set()  # forward values the backward reads directly
+    for n in _ancestors([o for o in grad_outs if isinstance(o, fx.Node)]):
+        if n in tangent_dep:
+            bw_needs.update(a for a in n.all_input_nodes if a not in tangent_dep)
+    for o in grad_outs:
+        if isinstance(o, fx.Node) and o not in tangent_dep:
+            bw_needs.add(o)
+
+    saved: list[fx.Node] = []
+    if bw_needs:
+        fg = _FlowGraph()
+        fg.v("source"); fg.v("sink")
+        for n in g.nodes:
+            if n.op == "output" or n in tangent_dep:
+                continue
+            nb = _tensor_bytes(n.meta.get("val"))
+            fg.add(f"{n.name}_in", f"{n.name}_out", nb if nb is not None else INF)
+            # Inputs and expensive/random ops exist in the forward; a cheap op the forward needs
+            # may still be recomputed in the backward from what is saved.
+            if n.op == "placeholder" or not is_recomputable(n):
+                fg.add("source", f"{n.name}_in", INF)
+            if n in bw_needs:
+                fg.add(f"{n.name}_out", "sink", INF)
+            for u in n.users:
+                if u.op != "output" and u not in tangent_dep:
+                    fg.add(f"{n.name}_out", f"{u.name}_in", INF)
+        reach = fg.max_flow("source", "sink")
+        for n in g.nodes:
+            if n.op == "output" or n in tangent_dep:
+                continue
+            if fg.idx[f"{n.name}_in"] in reach and fg.idx[f"{n.name}_out"] not in reach:
+                saved.append(n)
+        saved.sort(key=order.__getitem__)
+
+    fw = _build_forward(joint, primals, fwd_outs, saved, tangent_dep, mutated_primals)
+    bw = _build_backward(joint, saved, tangents, grad_outs)
+    return Partition(fw, bw, len(saved), [n.name for n in saved], saved_bytes(saved))
+
+
+def _ancestors(roots: list[fx.Node]) -> set[fx.Node]:
+    seen: set[fx.Node] = set()
+    stack = list(roots)
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        stack.extend(n.all_input_nodes)
+    return seen
+
+
+def _copy_meta(new: fx.Node, old: fx.Node) -> None:
+    new.meta.update(old.meta)
+
+
+def _build_forward(joint: fx.GraphModule, primals: list[fx.Node], fwd_outs: list[Any],
+                   saved: list[fx.Node], tangent_dep: set[fx.Node],
+                   mutated_primals: set[int]) -> fx.GraphModule:
+    # Random ops run in the forward even when unused, so the RNG stream matches eager's.
+    roots = [o for o in fwd_outs if isinstance(o, fx.Node)] + saved
+    roots += [n for n in joint.graph.nodes if is_random(n) and n not in tangent_dep]
+    keep = _ancestors(roots)
+    g = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for p in primals:
+        env[p] = g.placeholder(p.name)
+        _copy_meta(env[p], p)
+    for n in joint.graph.nodes:
+        if n.op == "call_function" and n in keep:
+            env[n] = g.node_copy(n, env.__getitem__)
+    saved_vals = []
+    mutated_nodes = {primals[i] for i in mutated_primals}
+    for s in saved:
+        v = env[s]
+        if s in mutated_nodes:  # the runtime overwrites this input; keep the original value
+            v = g.call_function(aten.clone.default, (v,))
+            _copy_meta(v, s)
+        saved_vals.append(v)
+    g.output(tuple([env[o] if isinstance(o, fx.Node) else o for o in fwd_outs] + saved_vals))
+    g.eliminate_dead_code()  # keeps impure (random) nodes
+    return fx.GraphModule(joint, g)
+
+
+def _build_backward(joint: fx.GraphModule, saved: list[fx.Node], tangents: list[fx.Node],
+                    grad_outs: list[Any]) -> fx.GraphModule:
+    g = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for n in saved + tangents:
+        env[n] = g.placeholder(n.name)
+        _copy_meta(env[n], n)
+    need: set[fx.Node] = set()
+    stack = [o for o in grad_outs if isinstance(o, fx.Node)]
+    while stack:
+        n = stack.pop()
+        if n in need or n in env:
+            continue
+        if n.op == "placeholder":
+            raise AssertionError(f"partition: backward needs input {n.name} but it was not saved")
+        need.add(n)
+        stack.extend(n.all_input_nodes)
+    for n in joint.graph.nodes:
+        if n in need:
+            env[n] = g.node_copy(n, env.__getitem__)
+    g.output(tuple(env[o] if isinstance(o, fx.Node) else o for o in grad_outs))
+    return fx.GraphModule(joint, g)

@@ -1,0 +1,130 @@
+"""Run compiled forward/backward graphs with eager semantics.
+
+The compiled graphs are functional. Around them the runtime
+
+* wraps training graphs in an ``autograd.Function`` (forward graph in ``forward``, backward graph
+  in ``backward``; the values the partitioner chose are kept with ``save_for_backward``),
+* copies the new values of mutated inputs back into the inputs (``copy_``, tracked by autograd
+  when the new value requires grad, as an in-place op in eager would be),
+* regenerates outputs that alias an input or another output as views (``as_strided``) so that
+  the user sees the same aliasing as in eager,
+* puts non-tensor constants back and rebuilds the output structure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+import torch
+from torch.utils import _pytree as pytree
+
+from ..exc import EmberError
+from .analysis import GraphInfo
+
+__all__ = ["ForwardOnly", "Training", "DoubleBackwardError"]
+
+
+class DoubleBackwardError(EmberError):
+    """Raised when a graph compiled by Ember's AOT autograd is differentiated twice."""
+
+
+def _regenerate(info: GraphInfo, inputs: Sequence[torch.Tensor],
+                graph_outs: Sequence[torch.Tensor]) -> Any:
+    flat: list[Any] = []
+    for o in info.outputs:
+        if o.kind == "graph":
+            flat.append(graph_outs[o.index])
+        elif o.kind == "input_alias":
+            base = inputs[o.index]
+            flat.append(base if o.same else base.as_strided(o.size, o.stride, o.offset))
+        elif o.kind == "output_alias":
+            base = flat[o.index]
+            flat.append(base if o.same else
+                        base.as_strided(o.size, o.stride, base.storage_offset() + o.offset))
+        else:
+            flat.append(o.value)
+    return pytree.tree_unflatten(flat, info.out_spec)
+
+
+def _copy_back(info: GraphInfo, inputs: Sequence[torch.Tensor],
+               new_values: Sequence[torch.Tensor]) -> None:
+    for i, v in zip(info.mutated, new_values):
+        if v.requires_grad and torch.is_grad_enabled():
+            inputs[i].copy_(v)
+        else:
+            with torch.no_grad():
+                inputs[i].copy_(v)
+
+
+@dataclasses.dataclass
+class ForwardOnly:
+    """Inference: one forward graph, no autograd bookkeeping."""
+
+    info: GraphInfo
+    fw: Callable[..., Any]
+
+    def __call__(self, inputs: Sequence[torch.Tensor]) -> Any:
+        outs = self.fw(*inputs)
+        n = len(self.info.graph_out_flat)
+        _copy_back(self.info, inputs, outs[n:n + len(self.info.mutated)])
+        return _regenerate(self.info, inputs, outs[:n])
+
+
+class Training:
+    """Training: forward and backward graphs inside an ``autograd.Function``."""
+
+    def __init__(self, info: GraphInfo, fw: Callable[..., Any], bw_compile: Callable[..., Any],
+                 requires_grad: Sequence[bool], n_saved: int, tangent_meta: list[Any]):
+        self.info = info
+        n_user = len(info.graph_out_flat)
+        self.n_fwd = n_user + len(info.mutated)
+        out_rg = list(info.graph_out_requires_grad) + list(info.mutated_requires_grad)
+        self.diff_outs = [k for k, rg in enumerate(out_rg) if rg]
+        self.nondiff_outs = [k for k, rg in enumerate(out_rg) if not rg]
+        self.rg_idx = [i for i, r in enumerate(requires_grad) if r]
+        n_inputs = len(requires_grad)
+        runtime = self
+        # The backward graph is compiled once; bw_compile returns the callable.
+        self._bw: Callable[..., Any] | None = None
+        self._bw_compile = bw_compile
+
+        class CompiledFunction(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx: Any, *inputs: torch.Tensor) -> Any:
+                outs = fw(*inputs)
+                fwd, saved = outs[:runtime.n_fwd], outs[runtime.n_fwd:runtime.n_fwd + n_saved]
+                ctx.save_for_backward(*saved)
+                ctx.mark_non_differentiable(*[fwd[k] for k in runtime.nondiff_outs])
+                return tuple(fwd)
+
+            @staticmethod
+            def backward(ctx: Any, *grads: torch.Tensor) -> Any:
+                if torch.is_grad_enabled():
+                    raise DoubleBackwardError(
+                        "ember: double backward (create_graph=True, or a gradient of a gradient) "
+                        "through a graph compiled by Ember's AOT autograd is not supported. "
+                        "Compute higher-order gradients without ember.compile (or with a "
+                        "level='torch' backend such as 'eager').")
+                saved = ctx.saved_tensors
+                tangents = []
+                for k, meta in zip(runtime.diff_outs, tangent_meta):
+                    g = grads[k]
+                    if g.stride() != meta[1] or g.dtype != meta[2]:
+                        g = g.to(meta[2]).contiguous()  # traced tangents are contiguous
+                    tangents.append(g)
+                if runtime._bw is None:
+                    runtime._bw = runtime._bw_compile()
+                gin = runtime._bw(*saved, *tangents)
+                result: list[Any] = [None] * n_inputs
+                for i, g in zip(runtime.rg_idx, gin):
+                    result[i] = g
+                return tuple(result)
+
+        self.fn = CompiledFunction
+
+    def __call__(self, inputs: Sequence[torch.Tensor]) -> Any:
+        outs = self.fn.apply(*inputs)
+        n = len(self.info.graph_out_flat)
+        _copy_back(self.info, inputs, outs[n:self.n_fwd])
+        return _regenerate(self.info, inputs, outs[:n])

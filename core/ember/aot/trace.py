@@ -1,0 +1,159 @@
+"""Trace a captured torch-level graph to functional ATen graphs over FakeTensors.
+
+Two passes, both with ``make_fx``:
+
+1. Record the program at the ATen level. For training, the traced function runs the forward with
+   autograd on and calls ``torch.autograd.grad``, so the backward ops land in the same graph (the
+   "joint" graph). Autograd runs above the tracer, so every forward and backward kernel is recorded.
+2. Replay that ATen graph under ``torch.func.functionalize``: in-place ops and input mutations
+   become out-of-place ops, so the result is a pure data-flow graph the partitioner and backends
+   can reorder freely. The mutated inputs' new values are explicit outputs (functionalization's
+   trailing ``copy_`` into the inputs is dropped: the runtime does that copy).
+
+The backend's decomposition table applies in both passes (pass 1 so that decompositions which
+mutate are functionalized; pass 2 for ops that functionalization itself introduces).
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+from torch._subclasses import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils import _pytree as pytree
+
+from .analysis import GraphInfo, fakeify
+
+__all__ = ["base_decompositions", "trace_forward", "trace_joint"]
+
+aten = torch.ops.aten
+
+
+def base_decompositions() -> dict[Any, Callable[..., Any]]:
+    """Decompositions Ember always applies: legacy batch-norm kernels whose schema hides the
+    running-statistics mutation are rewritten to ``_native_batch_norm_legit``, whose schema shows it,
+    so functionalization turns it into an explicit new value."""
+    from torch._decomp import decomposition_table
+
+    ops = [aten.native_batch_norm.default]
+    for name in ("cudnn_batch_norm", "miopen_batch_norm", "_batch_norm_impl_index"):
+        packet = getattr(aten, name, None)
+        if packet is not None and hasattr(packet, "default"):
+            ops.append(packet.default)
+    return {op: decomposition_table[op] for op in ops if op in decomposition_table}
+
+
+def _user_tensors(gm: torch.fx.GraphModule, xs: Sequence[torch.Tensor]) -> list[Any]:
+    flat, _ = pytree.tree_flatten(gm(*xs))
+    return flat
+
+
+def _functionalize(g1: torch.fx.GraphModule, fakes: Sequence[torch.Tensor], mode: FakeTensorMode,
+                   decomps: Mapping[Any, Any]) -> torch.fx.GraphModule:
+    def replay(*args: Any) -> Any:
+        return torch.fx.Interpreter(g1).run(*args)
+
+    fn = torch.func.functionalize(replay, remove="mutations")
+    with mode:
+        g2 = make_fx(fn, decomposition_table=dict(decomps))(*fakes)
+    _cleanup(g2)
+    return g2
+
+
+def _cleanup(gm: torch.fx.GraphModule) -> None:
+    """Drop functionalization's trailing ``copy_`` into inputs (their new values are already
+    outputs) and ``detach`` nodes (identity in a graph that runs without autograd), then DCE."""
+    g = gm.graph
+    placeholders = {n for n in g.nodes if n.op == "placeholder"}
+    for n in list(g.nodes):
+        if n.op != "call_function":
+            continue
+        if n.target is aten.copy_.default and n.args[0] in placeholders and not n.users:
+            g.erase_node(n)
+        elif n.target in (aten.detach.default, aten.alias.default) and not _is_output(n):
+            n.replace_all_uses_with(n.args[0])
+            g.erase_node(n)
+    g.eliminate_dead_code()
+    g.lint()
+    gm.recompile()
+
+
+def _is_output(n: torch.fx.Node) -> bool:
+    return any(u.op == "output" for u in n.users)
+
+
+def trace_forward(gm: torch.fx.GraphModule, tensors: Sequence[torch.Tensor], info: GraphInfo,
+                  decomps: Mapping[Any, Any]) -> torch.fx.GraphModule:
+    """Functional ATen forward graph: inputs = the tensor inputs; outputs = the user outputs that
+    are not aliases, then the new values of mutated inputs."""
+    mode = FakeTensorMode()
+    fakes = fakeify(mode, tensors)
+    table = {**base_decompositions(), **decomps}
+
+    def fwd(*xs: Any) -> list[Any]:
+        flat = _user_tensors(gm, xs)
+        return [flat[k] for k in info.graph_out_flat] + [xs[i] for i in info.mutated]
+
+    with mode, torch.no_grad():
+        g1 = make_fx(fwd, decomposition_table=table)(*fakes)
+    with torch.no_grad():
+        return _functionalize(g1, fakes, mode, table)
+
+
+def trace_joint(gm: torch.fx.GraphModule, tensors: Sequence[torch.Tensor],
+                requires_grad: Sequence[bool], info: GraphInfo,
+                decomps: Mapping[Any, Any]) -> tuple[torch.fx.GraphModule, int]:
+    """Functional ATen joint graph.
+
+    Inputs: the tensor inputs (primals), then one tangent per forward output that requires grad.
+    Outputs: the forward outputs (user outputs that are not aliases, then mutated inputs' new
+    values), then one gradient (or None) per input that requires grad.
+    Returns the graph and the number of tangents.
+    """
+    mode = FakeTensorMode()
+    fakes = fakeify(mode, tensors, requires_grad)
+    out_rg = list(info.graph_out_requires_grad) + list(info.mutated_requires_grad)
+    with mode:
+        fwd_fakes = _fake_outputs(gm, fakes, info)
+        tangents = [torch.empty(o.shape, dtype=o.dtype, device=o.device)
+                    for o, rg in zip(fwd_fakes, out_rg) if rg]
+    n_primals = len(fakes)
+    table = {**base_decompositions(), **decomps}
+    rg_idx = [i for i, r in enumerate(requires_grad) if r]
+
+    def joint(*args: Any) -> list[Any]:
+        primals, tans = args[:n_primals], args[n_primals:]
+        with torch.enable_grad():
+            xs = list(primals)
+            for i in info.mutated:
+                if xs[i].requires_grad:  # autograd forbids in-place ops on leaves needing grad
+                    xs[i] = xs[i].clone()
+            flat = _user_tensors(gm, xs)
+            fwd_outs = [flat[k] for k in info.graph_out_flat] + [xs[i] for i in info.mutated]
+            diff_outs = [o for o, rg in zip(fwd_outs, out_rg) if rg]
+            grads = torch.autograd.grad(diff_outs, [primals[i] for i in rg_idx], list(tans),
+                                        allow_unused=True)
+        return list(fwd_outs) + list(grads)
+
+    all_fakes = list(fakes) + tangents
+    with mode:
+        g1 = make_fx(joint, decomposition_table=table)(*all_fakes)
+    # Pass 2 replays the recorded ATen ops: no autograd needed, inputs need not require grad.
+    plain = [t.detach() for t in all_fakes]
+    with torch.no_grad():
+        g2 = _functionalize(g1, plain, mode, table)
+    return g2, len(tangents)
+
+
+def _fake_outputs(gm: torch.fx.GraphModule, fakes: Sequence[torch.Tensor],
+                  info: GraphInfo) -> list[torch.Tensor]:
+    with torch.no_grad():
+        xs = [f.detach() for f in fakes]
+        flat = _user_tensors(gm, xs)
+        return [flat[k] for k in info.graph_out_flat] + [xs[i] for i in info.mutated]
+
+
+def node_is_getitem(n: torch.fx.Node) -> bool:
+    return n.op == "call_function" and n.target is operator.getitem
