@@ -38,7 +38,7 @@ def set_logs(spec: str | None) -> None:
     names = [s.strip() for s in spec.split(",") if s.strip()]
     if _handler is None:
         _handler = logging.StreamHandler(sys.stderr)
-        _handler.setFormatter(logging.Formatter("[ember.%(name)s] %(message)s"))
+        _handler.setFormatter(logging.Formatter("[%(name)s] %(message)s"))
     for n in names:
         if n in ("+all", "all"):
             _enabled.update(ARTIFACTS)

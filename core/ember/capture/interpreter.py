@@ -495,6 +495,9 @@ class Tracer:
     # =========================================================================================
     def call(self, fn: Var, args: list[Var], kwargs: dict[str, Var]) -> Var:
         if isinstance(fn, BoundMethodVar):
+            if isinstance(fn.self_var, NNModuleVar) and isinstance(fn.fn, FunctionVar) and \
+                    fn.fn.value in _MODULE_ITER_METHODS:
+                return self.module_iter_method(fn.self_var, fn.fn.value.__name__, args, kwargs)
             return self.call(fn.fn, [fn.self_var, *args], kwargs)
         if isinstance(fn, TensorMethodVar):
             return self.call_tensor_method(fn.tensor, fn.name, args, kwargs)
@@ -519,6 +522,46 @@ class Tracer:
             if isinstance(call, types.FunctionType):
                 return self.call(FunctionVar(call), [fn, *args], kwargs)
         raise Unsupported(f"calling {fn.describe()}")
+
+    def module_iter_method(self, mv: NNModuleVar, name: str, args: list[Var],
+                           kwargs: dict[str, Var]) -> Var:
+        """named_parameters(), children(), modules() and friends: evaluated on the real module,
+        each result wrapped with the attribute path that fetches it again."""
+        m = mv.value
+        cargs = [a.as_const() for a in args]
+        ckw = {k: a.as_const() for k, a in kwargs.items()}
+        results = list(getattr(m, name)(*cargs, **ckw))
+        subs = {"": (m, mv.source)}
+        for path, sub in m.named_modules(remove_duplicate=False):
+            if path:
+                parent, _, leaf = path.rpartition(".")
+                psrc = subs[parent][1]
+                subs[path] = (sub, f"{psrc}._modules[{leaf!r}]")
+
+        def source_of(path: str, kind: str) -> str:
+            if kind == "module":
+                return subs[path][1]
+            parent, _, leaf = path.rpartition(".")
+            coll = "_parameters" if kind == "param" else "_buffers"
+            return f"{subs[parent][1]}.{coll}[{leaf!r}]"
+
+        kind = ("param" if "parameters" in name else "buffer" if "buffers" in name else "module")
+        out: list[Var] = []
+        if name.startswith("named_"):
+            if kind == "module" and name == "named_children":
+                items = [(n, self.wrap(c, f"{mv.source}._modules[{n!r}]")) for n, c in results]
+            else:
+                items = [(n, self.wrap(v, source_of(n, kind))) for n, v in results]
+            out = [TupleVar([ConstVar(n), v]) for n, v in items]
+        else:
+            named = {"parameters": "named_parameters", "buffers": "named_buffers",
+                     "modules": "named_modules", "children": "named_children"}[name]
+            named_results = list(getattr(m, named)(*cargs, **ckw))
+            if named == "named_children":
+                out = [self.wrap(c, f"{mv.source}._modules[{n!r}]") for n, c in named_results]
+            else:
+                out = [self.wrap(v, source_of(n, kind)) for n, v in named_results]
+        return IteratorVar(out)
 
     def call_function_var(self, fn: Var, args: list[Var], kwargs: dict[str, Var]) -> Var:
         from .frame import is_allowed_in_graph, is_disabled
@@ -751,6 +794,11 @@ class Tracer:
         if isinstance(v, GeneratorResultVar):
             return True
         raise Unsupported(f"truth value of {v.describe()}")
+
+
+_MODULE_ITER_METHODS = {getattr(torch.nn.Module, n) for n in (
+    "named_parameters", "parameters", "named_buffers", "buffers", "named_modules", "modules",
+    "named_children", "children")}
 
 
 def collections_ordered_dict() -> type:
