@@ -1,0 +1,49 @@
+"""Shared test helpers: run Python in a fresh subprocess (for anything that touches import-time
+state, environment variables or installed distributions)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Iterable
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures"
+
+
+def run_python(code: str, *, pythonpath: Iterable[str | os.PathLike] = (),
+               env: dict[str, str] | None = None, args: Iterable[str] = (),
+               timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run ``code`` with this interpreter in a new process; ``pythonpath`` entries go first."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("EMBER_")}
+    full_env.update(env or {})
+    paths = [str(p) for p in pythonpath]
+    if full_env.get("PYTHONPATH"):
+        paths.append(full_env["PYTHONPATH"])
+    if paths:
+        full_env["PYTHONPATH"] = os.pathsep.join(paths)
+    cmd = [sys.executable, *args] if not code else [sys.executable, "-c",
+                                                     textwrap.dedent(code), *args]
+    return subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout,
+                          cwd=str(ROOT))
+
+
+@pytest.fixture
+def py():
+    """``py(code, pythonpath=..., env=...)`` runs code in a subprocess and returns the result;
+    asserts nothing, so tests can check failures too."""
+    return run_python
+
+
+def pytest_report_header(config):  # noqa: ANN001, ANN201
+    try:
+        import ember
+
+        return f"ember {ember.__version__}; backends: {ember.list_backends(exclude_tags=())}"
+    except Exception as e:  # the header must never break collection
+        return f"ember: import failed: {type(e).__name__}: {e}"
