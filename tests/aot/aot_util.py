@@ -24,12 +24,9 @@ def _functional_module(mod: torch.nn.Module, names: list[str]) -> Callable[..., 
 def lift(module_or_fn: Any, n_user_inputs: int | None = None) -> tuple[fx.GraphModule, list[str]]:
     """Symbolically trace ``module_or_fn``; parameters and buffers become placeholders after the
     user inputs (names returned, in order); the output is made a flat tuple."""
-    if isinstance(module_or_fn, torch.nn.Module):
-        root = module_or_fn
-        graph = fx.Tracer().trace(root)
-    else:
-        root = torch.nn.Module()
-        graph = fx.Tracer().trace(module_or_fn)
+    tracer = fx.Tracer()
+    graph = tracer.trace(module_or_fn)
+    root = tracer.root
     gm = fx.GraphModule(root, graph)
     g = gm.graph
     state = dict(root.named_parameters()) | dict(root.named_buffers())

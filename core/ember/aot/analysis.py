@@ -99,7 +99,7 @@ def analyze(gm: torch.fx.GraphModule, tensors: Sequence[torch.Tensor],
             requires_grad: Sequence[bool], need_grad_info: bool) -> GraphInfo:
     """Find mutated inputs, aliased outputs and (when ``need_grad_info``) which outputs require
     grad, by running ``gm`` over fake copies of ``tensors``."""
-    mode = FakeTensorMode()
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
     fakes = fakeify(mode, tensors)
     mm = _MutationMode()
     with mode, mm, torch.no_grad():
@@ -145,7 +145,7 @@ def analyze(gm: torch.fx.GraphModule, tensors: Sequence[torch.Tensor],
 def _grad_info(gm: torch.fx.GraphModule, tensors: Sequence[torch.Tensor],
                requires_grad: Sequence[bool], info: GraphInfo) -> None:
     """Second fake run with autograd on: which graph outputs and mutated inputs require grad."""
-    mode = FakeTensorMode()
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
     fakes = fakeify(mode, tensors, requires_grad)
     with mode, _MutationMode(), torch.enable_grad():
         xs = list(fakes)

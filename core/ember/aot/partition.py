@@ -178,7 +178,8 @@ def partition_joint(joint: fx.GraphModule, n_primals: int, n_fwd_outs: int,
     bw_needs: set[fx.Node] = set()  # forward values the backward reads directly
     for n in _ancestors([o for o in grad_outs if isinstance(o, fx.Node)]):
         if n in tangent_dep:
-            bw_needs.update(a for a in n.all_input_nodes if a not in tangent_dep)
+            bw_needs.update(a for a in n.all_input_nodes
+                            if a not in tangent_dep and a.op != "get_attr")
     for o in grad_outs:
         if isinstance(o, fx.Node) and o not in tangent_dep:
             bw_needs.add(o)
@@ -188,8 +189,8 @@ def partition_joint(joint: fx.GraphModule, n_primals: int, n_fwd_outs: int,
         fg = _FlowGraph()
         fg.v("source"); fg.v("sink")
         for n in g.nodes:
-            if n.op == "output" or n in tangent_dep:
-                continue
+            if n.op in ("output", "get_attr") or n in tangent_dep:
+                continue  # constants (get_attr) are available to both graphs for free
             nb = _tensor_bytes(n.meta.get("val"))
             fg.add(f"{n.name}_in", f"{n.name}_out", nb if nb is not None else INF)
             # Inputs and expensive/random ops exist in the forward; a cheap op the forward needs
@@ -203,7 +204,7 @@ def partition_joint(joint: fx.GraphModule, n_primals: int, n_fwd_outs: int,
                     fg.add(f"{n.name}_out", f"{u.name}_in", INF)
         reach = fg.max_flow("source", "sink")
         for n in g.nodes:
-            if n.op == "output" or n in tangent_dep:
+            if n.op in ("output", "get_attr") or n in tangent_dep:
                 continue
             if fg.idx[f"{n.name}_in"] in reach and fg.idx[f"{n.name}_out"] not in reach:
                 saved.append(n)
@@ -243,7 +244,7 @@ def _build_forward(joint: fx.GraphModule, primals: list[fx.Node], fwd_outs: list
         env[p] = g.placeholder(p.name)
         _copy_meta(env[p], p)
     for n in joint.graph.nodes:
-        if n.op == "call_function" and n in keep:
+        if n.op in ("call_function", "get_attr") and n in keep:
             env[n] = g.node_copy(n, env.__getitem__)
     saved_vals = []
     mutated_nodes = {primals[i] for i in mutated_primals}

@@ -88,7 +88,7 @@ def trace_forward(gm: torch.fx.GraphModule, tensors: Sequence[torch.Tensor], inf
                   decomps: Mapping[Any, Any]) -> torch.fx.GraphModule:
     """Functional ATen forward graph: inputs = the tensor inputs; outputs = the user outputs that
     are not aliases, then the new values of mutated inputs."""
-    mode = FakeTensorMode()
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
     fakes = fakeify(mode, tensors)
     table = {**base_decompositions(), **decomps}
 
@@ -112,7 +112,7 @@ def trace_joint(gm: torch.fx.GraphModule, tensors: Sequence[torch.Tensor],
     values), then one gradient (or None) per input that requires grad.
     Returns the graph and the number of tangents.
     """
-    mode = FakeTensorMode()
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
     fakes = fakeify(mode, tensors, requires_grad)
     out_rg = list(info.graph_out_requires_grad) + list(info.mutated_requires_grad)
     with mode:

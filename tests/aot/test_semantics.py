@@ -1,0 +1,318 @@
+"""aot_compile on small programs: outputs, input/parameter gradients and mutated inputs match
+eager, for the semantics AOT autograd has to preserve."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import pytest
+from torch.utils import _pytree as pytree
+
+from aot_util import assert_close, compile_fn
+
+
+def _leafs(*shapes, rg=True, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(*s, generator=g).requires_grad_(rg) for s in shapes]
+
+
+def _clone_args(args):
+    out = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            c = a.detach().clone().requires_grad_(a.requires_grad)
+            out.append(c)
+        else:
+            out.append(a)
+    return out
+
+
+def _loss(out):
+    flat = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor) and o.requires_grad]
+    total = 0
+    for i, o in enumerate(flat):
+        w = torch.linspace(-1, 1, o.numel(), dtype=o.dtype).reshape(o.shape)
+        total = total + (o * (w + i)).sum()
+    return total
+
+
+def check(fn, args, prep=None, atol=1e-5):
+    """Run fn eagerly and through aot_compile on copies of args; compare outputs, gradients of
+    leaf inputs, and input values afterwards (mutations). ``prep`` maps leaf args to the
+    arguments actually passed (e.g. to make non-leaf inputs)."""
+    ea, ca = args, _clone_args(args)
+    prep = prep or (lambda xs: xs)
+    e_in, c_in = prep(ea), prep(ca)
+    compiled = compile_fn(fn, c_in)
+    e_out = fn(*e_in)
+    c_out = compiled(*c_in)
+    assert_close(c_out, e_out, atol=atol, rtol=1e-5)
+    for a, b in zip(e_in, c_in):  # mutated inputs
+        if isinstance(a, torch.Tensor):
+            assert_close(b.detach(), a.detach(), atol=atol, rtol=1e-5)
+    le, lc = _loss(e_out), _loss(c_out)
+    if isinstance(le, torch.Tensor):
+        le.backward()
+        lc.backward()
+        for a, b in zip(ea, ca):
+            if isinstance(a, torch.Tensor) and a.requires_grad and a.is_leaf:
+                assert (a.grad is None) == (b.grad is None)
+                if a.grad is not None:
+                    assert_close(b.grad, a.grad, atol=atol, rtol=1e-5)
+    return e_out, c_out
+
+
+# -- plain functions -----------------------------------------------------------------------
+
+CASES = {
+    "pointwise": (lambda x, y: (torch.sin(x) * y + x.exp(),), [(4, 5), (4, 5)]),
+    "matmul_chain": (lambda x, w1, w2: (torch.relu(x @ w1) @ w2,), [(3, 4), (4, 6), (6, 2)]),
+    "broadcast": (lambda x, b: (x + b, (x * b).sum(0)), [(5, 3), (3,)]),
+    "reductions": (lambda x: (x.sum(), x.mean(1), x.amax(0), x.var(0)), [(4, 6)]),
+    "softmax_logsoftmax": (lambda x: (F.softmax(x, -1), F.log_softmax(x, 0)), [(3, 7)]),
+    "layer_norm": (lambda x, w, b: (F.layer_norm(x, (6,), w, b),), [(4, 6), (6,), (6,)]),
+    "gelu_tanh_sigmoid": (lambda x: (F.gelu(x), torch.tanh(x), torch.sigmoid(x)), [(8,)]),
+    "views_in_graph": (lambda x: ((x.t() @ x).reshape(-1)[:5] * 2,), [(3, 4)]),
+    "cat_stack": (lambda x, y: (torch.cat([x, y], 0), torch.stack([x, y]).sum(0)), [(2, 3), (2, 3)]),
+    "index_gather": (lambda x: (x[:, [0, 2]] * 3, x[1:, ::2]), [(4, 5)]),
+    "where_clamp": (lambda x: (torch.where(x > 0, x, x * 0.1).clamp(-0.5, 0.5),), [(10,)]),
+    "conv2d": (lambda x, w, b: (F.conv2d(x, w, b, padding=1),), [(2, 3, 6, 6), (4, 3, 3, 3), (4,)]),
+    "pool_relu": (lambda x: (F.max_pool2d(F.relu(x), 2), F.avg_pool2d(x, 2)), [(1, 2, 4, 4)]),
+    "bmm_attention": (lambda q, k, v: (F.softmax(q @ k.transpose(-1, -2) / 2.0, -1) @ v,),
+                      [(2, 3, 4), (2, 3, 4), (2, 3, 4)]),
+    "sdpa": (lambda q, k, v: (F.scaled_dot_product_attention(q, k, v, is_causal=True),),
+             [(1, 2, 5, 4), (1, 2, 5, 4), (1, 2, 5, 4)]),
+    "embedding": (lambda w: (F.embedding(torch.tensor([[0, 2], [3, 1]]), w).sum(-1),), [(4, 3)]),
+    "cross_entropy": (lambda x: (F.cross_entropy(x, torch.tensor([1, 0, 3])),), [(3, 4)]),
+    "mse": (lambda x, y: (F.mse_loss(x, y),), [(5,), (5,)]),
+    "repeated_use": (lambda x: (x * x * x + x,), [(6,)]),
+    "pow_div_sqrt": (lambda x: ((x.abs() + 1).sqrt() / (x.pow(2) + 1),), [(7,)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_function(name):
+    fn, shapes = CASES[name]
+    check(fn, _leafs(*shapes))
+
+
+def test_some_inputs_do_not_require_grad():
+    x, w = _leafs((3, 4), (4, 2))
+    x.requires_grad_(False)
+    check(lambda x, w: (torch.tanh(x @ w),), [x, w])
+
+
+def test_multiple_outputs_some_unused_in_loss():
+    x, = _leafs((4, 4))
+    e_out, c_out = check(lambda x: (x.sin(), x.cos() * 2, x.exp()), [x])
+    xe = x.detach().clone().requires_grad_()
+    xc = x.detach().clone().requires_grad_()
+    fn = lambda x: (x.sin(), x.cos() * 2, x.exp())  # noqa: E731
+    c = compile_fn(fn, [xc])
+    fn(xe)[1].sum().backward()
+    c(xc)[1].sum().backward()
+    assert_close(xc.grad, xe.grad)
+
+
+def test_outputs_that_do_not_require_grad():
+    x, = _leafs((5, 3))
+    fn = lambda x: (x * 2, x.argmax(1), x.detach() + 1, (x > 0).float())  # noqa: E731
+    e, c = check(fn, [x])
+    assert [o.requires_grad for o in c] == [o.requires_grad for o in e] == [True, False, False, False]
+
+
+def test_output_is_input_view():
+    x, = _leafs((4, 6))
+    x2 = x.detach().clone().requires_grad_()
+    fn = lambda x: (x.view(2, 12), x.t(), x[1], x * 2)  # noqa: E731
+    e, c = check(fn, [x])
+    c2 = compile_fn(fn, [x2])(x2)
+    for o in c2[:3]:
+        assert o._base is x2 or o.untyped_storage().data_ptr() == x2.untyped_storage().data_ptr()
+
+
+def test_output_is_the_input_itself():
+    x, = _leafs((3,), rg=False)
+    fn = lambda x, y: (x, x + y)  # noqa: E731
+    y, = _leafs((3,))
+    c = compile_fn(fn, [x, y])
+    out = c(x, y)
+    assert out[0] is x
+    assert_close(out[1], x + y)
+
+
+def test_outputs_alias_each_other():
+    x, = _leafs((4, 4))
+    fn = lambda x: ((y := x * 3), y.view(16), y[0])  # noqa: E731
+    xc = x.detach().clone().requires_grad_()
+    out = compile_fn(fn, [xc])(xc)
+    assert out[1].untyped_storage().data_ptr() == out[0].untyped_storage().data_ptr()
+    assert out[2].untyped_storage().data_ptr() == out[0].untyped_storage().data_ptr()
+    check(fn, [x])
+
+
+def test_inplace_on_input_without_grad():
+    x, = _leafs((5,), rg=False)
+    w, = _leafs((5,), seed=1)
+    def fn(x, w):
+        x.mul_(2)
+        x.add_(1)
+        return (x * w,)
+    check(fn, [x, w])
+
+
+def test_inplace_on_input_view():
+    x, = _leafs((4, 4), rg=False)
+    def fn(x):
+        x[1].zero_()
+        x[:, 0].add_(5)
+        return (x.sum(),)
+    check(fn, [x])
+
+
+def test_inplace_on_nonleaf_input_requiring_grad():
+    x, = _leafs((6,))
+    def fn(y):
+        y.mul_(3)
+        return (y.sin(),)
+    e, c = check(fn, [x], prep=lambda xs: [xs[0] * 1])
+
+
+def test_inplace_returned_input():
+    x, = _leafs((3, 3), rg=False)
+    w, = _leafs((3, 3), seed=2)
+    def fn(x, w):
+        x.add_(w)
+        return (x, w * 2)
+    xc, wc = x.clone(), w.detach().clone().requires_grad_()
+    c = compile_fn(fn, [xc, wc])
+    out = c(xc, wc)
+    assert out[0] is xc
+    check(fn, [x, w])
+
+
+def test_inplace_on_intermediate():
+    x, = _leafs((4, 5))
+    def fn(x):
+        y = x * 2
+        y.add_(1)
+        y[0].mul_(4)
+        return (y + 1,)
+    check(fn, [x])
+
+
+def test_frozen_parameter():
+    x, w, b = _leafs((3, 4), (5, 4), (5,))
+    w.requires_grad_(False)
+    e, c = check(lambda x, w, b: (F.linear(x, w, b),), [x, w, b])
+
+
+def test_no_input_requires_grad_is_inference():
+    x, w = _leafs((3, 4), (4, 4), rg=False)
+    c = compile_fn(lambda x, w: (x @ w,), [x, w])
+    out = c(x, w)
+    assert not out[0].requires_grad
+    assert list(c._variants) == ["inference"]
+    assert_close(out[0], x @ w)
+
+
+def test_no_grad_mode_is_inference():
+    x, w = _leafs((3, 4), (4, 4))
+    with torch.no_grad():
+        c = compile_fn(lambda x, w: (x @ w,), [x, w])
+        out = c(x, w)
+    assert not out[0].requires_grad
+    assert list(c._variants) == ["inference"]
+
+
+def test_inference_mode():
+    x, w = _leafs((3, 4), (4, 4), rg=False)
+    with torch.inference_mode():
+        c = compile_fn(lambda x, w: (torch.relu(x @ w),), [x, w])
+        out = c(x, w)
+    assert_close(out[0], torch.relu(x @ w))
+
+
+def test_switching_between_training_and_inference():
+    x, w = _leafs((3, 4), (4, 2))
+    fn = lambda x, w: ((x @ w).tanh(),)  # noqa: E731
+    c = compile_fn(fn, [x, w])
+    with torch.no_grad():
+        assert not c(x, w)[0].requires_grad
+    out = c(x, w)
+    out[0].sum().backward()
+    w2 = w.detach().clone().requires_grad_()
+    fn(x.detach(), w2)[0].sum().backward()
+    assert_close(w.grad, w2.grad)
+    assert x.grad is not None
+    assert set(c._variants) == {"inference", (True, True)}
+
+
+def test_retain_graph():
+    x, = _leafs((4,))
+    xe = x.detach().clone().requires_grad_()
+    fn = lambda x: ((x * x).sin(),)  # noqa: E731
+    c = compile_fn(fn, [x])
+    out = c(x)[0].sum()
+    out.backward(retain_graph=True)
+    out.backward()
+    oe = fn(xe)[0].sum()
+    oe.backward(retain_graph=True)
+    oe.backward()
+    assert_close(x.grad, xe.grad)
+
+
+def test_backward_twice_without_retain_graph_errors():
+    x, = _leafs((4,))
+    c = compile_fn(lambda x: ((x * x).sin(),), [x])
+    out = c(x)[0].sum()
+    out.backward()
+    with pytest.raises(RuntimeError):
+        out.backward()
+
+
+def test_double_backward_is_a_clear_error():
+    from ember.aot import DoubleBackwardError
+
+    x, = _leafs((4,))
+    c = compile_fn(lambda x: ((x * x).sin(),), [x])
+    out = c(x)[0].sum()
+    with pytest.raises(DoubleBackwardError, match="double backward"):
+        torch.autograd.grad(out, x, create_graph=True)
+
+
+def test_non_contiguous_input_and_grad():
+    x, = _leafs((4, 6))
+    xt = x.detach().t().clone().t().requires_grad_()  # column-major leaf
+    check(lambda x: (x * 2 + 1, x.sum(1)), [xt])
+    # a gradient arriving with broadcast (stride-0) layout
+    c = compile_fn(lambda x: (x.exp(),), [x])
+    c(x)[0].sum().backward()
+    assert_close(x.grad, x.detach().exp())
+
+
+def test_non_tensor_constant_output():
+    x, = _leafs((3,))
+    c = compile_fn(lambda x: (x * 2, 3, None), [x])
+    out = c(x)
+    assert out[1] == 3 and out[2] is None
+    assert_close(out[0], x * 2)
+
+
+def test_integer_and_bool_tensors():
+    x, = _leafs((6,))
+    idx = torch.tensor([0, 2, 5])
+    check(lambda x, i: (x[i] * 2, (x > 0).sum()), [x, idx])
+
+
+def test_new_example_inputs_same_shapes():
+    x, w = _leafs((3, 4), (4, 2))
+    fn = lambda x, w: ((x @ w).relu(),)  # noqa: E731
+    c = compile_fn(fn, [x, w])
+    for seed in range(3):
+        a, b = _leafs((3, 4), (4, 2), seed=seed + 10)
+        a2, b2 = a.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
+        c(a, b)[0].sum().backward()
+        fn(a2, b2)[0].sum().backward()
+        assert_close(a.grad, a2.grad)
+        assert_close(b.grad, b2.grad)
