@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 import builtins
 import dataclasses
 import enum
@@ -106,6 +107,17 @@ def call_builtin(tr: Any, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> V
         c = _consts(args, kwargs)
         if c is not None:
             return ConstVar(fn(*c[0], **c[1]))
+    # --- introspection: evaluated on the real objects --------------------------------------------
+    if getattr(fn, "__module__", None) == "inspect":
+        real_args = [real_value(a) for a in args]
+        real_kw = {k: real_value(a) for k, a in kwargs.items()}
+        return tr.wrap(fn(*real_args, **real_kw), None)
+    # --- read-only methods of builtin containers, called on a real object (dict subclasses...) ----
+    if isinstance(fn, types.MethodDescriptorType) and fn.__name__ in _READONLY_METHODS and \
+            args and isinstance(args[0], ObjectVar) and isinstance(args[0].value, fn.__objclass__):
+        c = _consts(args[1:], kwargs)
+        if c is not None:
+            return tr.wrap(fn(args[0].value, *c[0], **c[1]), None)
     # --- Python builtins ------------------------------------------------------------------------------
     handler = _BUILTIN_HANDLERS.get(fn)
     if handler is not None:
@@ -153,6 +165,22 @@ def call_builtin(tr: Any, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> V
                       "compiled region (a C function or library Ember does not trace)",
                       hint="wrap it with ember.allow_in_graph if it only does tensor ops, or "
                       "move it out of the compiled function")
+
+
+_READONLY_METHODS = {"get", "keys", "values", "items", "__getitem__", "__contains__", "__len__",
+                     "index", "count"}
+
+
+def real_value(v: Var) -> Any:
+    """The real Python object behind a Var, for introspection that does not touch tensors."""
+    if isinstance(v, BoundMethodVar):
+        return types.MethodType(real_value(v.fn), real_value(v.self_var))
+    if isinstance(v, (ConstVar, FunctionVar, BuiltinVar, ClassVar, NNModuleVar, ObjectVar,
+                      PyModuleVar)):
+        return v.value
+    if v.is_const():
+        return v.as_const()
+    raise Unsupported(f"{v.describe()} has no real value while tracing")
 
 
 def functools_partial() -> type:
@@ -219,7 +247,7 @@ def construct(tr: Any, cls: type, args: list[Var], kwargs: dict[str, Var]) -> Va
     init = inspect.getattr_static(cls, "__init__", None)
     new = inspect.getattr_static(cls, "__new__", None)
     if isinstance(init, types.FunctionType) and new is object.__new__ and \
-            "__slots__" not in cls.__dict__ and type(cls) is type:
+            "__slots__" not in cls.__dict__ and type(cls) in (type, abc.ABCMeta):
         obj = DataclassVar(cls, {})
         obj.plain = True  # type: ignore[attr-defined]
         tr.call(FunctionVar(init), [obj, *args], kwargs)
@@ -540,6 +568,8 @@ def _len(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
         ln = inspect.getattr_static(type(v.value), "__len__", None)
         if isinstance(ln, types.FunctionType):
             return tr.call(FunctionVar(ln), [v], {})
+        if ln is not None:  # a C-level __len__ (mappingproxy, OrderedDict...)
+            return ConstVar(len(v.value))
     raise Unsupported(f"len() of {v.describe()}")
 
 

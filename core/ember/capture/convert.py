@@ -63,7 +63,7 @@ def convert_frame(fn: Callable[..., Any], args: tuple, kwargs: dict, *, backend:
         raise Unsupported(f"{code.co_name} is a generator or coroutine; Ember compiles plain "
                           "functions", where=f"{code.co_filename}:{code.co_firstlineno}")
     try:
-        bound = inspect.signature(fn).bind(*args, **kwargs)
+        bound = inspect.signature(fn, follow_wrapped=False).bind(*args, **kwargs)
     except TypeError as e:
         raise Unsupported(f"arguments do not match the signature of {code.co_name}: {e}")
     bound.apply_defaults()

@@ -578,6 +578,12 @@ class Tracer:
                 return call_builtin(self, f, args, kwargs)
             if rules.is_torch_op(f):
                 return self.call_torch_function(f, args, kwargs)
+            if f.__module__ in rules.REAL_EVAL_MODULES or (
+                    args and isinstance(args[0], ObjectVar) and
+                    type(args[0].value).__module__ in rules.REAL_EVAL_MODULES):
+                from .builtins import real_value
+                return self.wrap(f(*[real_value(a) for a in args],
+                                   **{k: real_value(a) for k, a in kwargs.items()}), None)
             tm = rules.is_tensor_method(f)
             if tm and args and isinstance(args[0], TensorVar):
                 return self.call_tensor_method(args[0], tm, args[1:], kwargs)
@@ -906,7 +912,8 @@ class Frame:
 
     def LOAD_CONST(self, ins):
         self.push(self.tracer.wrap(ins.argval, None) if not isinstance(ins.argval, (
-            int, float, bool, str, type(None), bytes, tuple, frozenset, types.CodeType))
+            int, float, bool, str, type(None), bytes, tuple, frozenset, types.CodeType,
+            type(Ellipsis)))
             else self._const(ins.argval))
 
     def _const(self, v: Any) -> Var:
@@ -1358,7 +1365,7 @@ class Frame:
         self.push(self.call(fn, args, kwargs))
 
     def call(self, fn: Var, args: list[Var], kwargs: dict[str, Var]) -> Var:
-        if isinstance(fn, BuiltinVar) and fn.value is super and not args:
+        if getattr(fn, "value", None) is super and not args:
             return self._zero_arg_super()
         return self.tracer.call(fn, args, kwargs)
 

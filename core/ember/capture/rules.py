@@ -153,5 +153,9 @@ INPLACE_TO_OUT = {operator.iadd: operator.add, operator.isub: operator.sub,
                   operator.ixor: operator.xor, operator.ilshift: operator.lshift,
                   operator.irshift: operator.rshift}
 
+#: Functions of these modules run for real on real (non-tensor) values while tracing: they are
+#: introspection or environment reads whose results are constants of the traced program.
+REAL_EVAL_MODULES = {"inspect", "os", "posixpath", "genericpath", "warnings", "typing"}
+
 BUILTINS = builtins
 _ = inspect
