@@ -51,6 +51,9 @@ def call_builtin(tr: Any, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> V
         return ConstVar(torch.is_autocast_enabled(*c[0]) if c else torch.is_autocast_enabled())
     if fn in rules.CONST_RESULTS:
         return ConstVar(rules.CONST_RESULTS[fn])
+    if fn is torch._C._set_grad_enabled:
+        _set_grad(tr, bool(args[0].as_const()))
+        return ConstVar(None)
     # --- context managers ---------------------------------------------------------------------------
     if fn in rules.GRAD_MODE_CLASSES:
         return GradModeVar(rules.GRAD_MODE_CLASSES[fn])
@@ -524,7 +527,9 @@ def enter_context(tr: Any, ctx: Var) -> tuple[Var, Var]:
         def restore() -> None:
             if torch.is_grad_enabled() != prev:
                 _set_grad(tr, prev)
-        return ExitVar(ctx, restore), ConstVar(None)
+        ev = ExitVar(ctx, restore)
+        ev.prev_mode = prev  # type: ignore[attr-defined]
+        return ev, ConstVar(None)
     if isinstance(ctx, AutocastVar):
         real = torch.autocast(ctx.device_type, dtype=ctx.dtype, enabled=ctx.enabled)
         real.__enter__()

@@ -1,5 +1,13 @@
 """Capture one call of a user function: trace it symbolically, compile the graph with the
-backend, and generate the entry function that serves later calls while the guards hold."""
+backend, and generate the entry function that serves later calls while the guards hold.
+
+A graph break is handled in two passes. The first trace fails somewhere (maybe deep inside an
+inlined call) and records the instruction of the *compiled* frame that was executing; the second
+trace stops cleanly right before that instruction. The graph so far is compiled, and the entry
+function runs it, replays side effects, performs the breaking instruction in plain Python (a call,
+or a branch on a tensor's value) and continues in a resume function (resume.py) that Ember
+compiles on its first call.
+"""
 
 from __future__ import annotations
 
@@ -16,12 +24,16 @@ import torch.fx
 from .. import _logging, events
 from ..backends import compile_graph
 from ..exc import Unsupported
-from .interpreter import Frame, LazyVar, Tracer
+from . import resume as resume_mod
+from .interpreter import BreakHere, Frame, LazyVar, Tracer
 from .output import OutputGraph, Reconstructor, build_entry
-from .variables import CellVar, DictVar, ListVar, NNModuleVar, ObjectVar, SetVar
+from .variables import (BoundMethodVar, CellVar, DictVar, FunctionVar, GeneratorResultVar,
+                        IteratorVar, ListVar, NNModuleVar, NullVar, ObjectVar, SetVar, TensorVar,
+                        Var)
 
 log = logging.getLogger("ember.capture")
 graph_log = _logging.get_artifact_logger("graph")
+break_log = _logging.get_artifact_logger("graph_breaks")
 
 _IMPURE_FUNCTIONS = {operator.setitem, torch._C._set_grad_enabled,
                      torch.amp.autocast_mode._enter_autocast,
@@ -57,6 +69,25 @@ def _dce(graph: torch.fx.Graph) -> None:
 
 def convert_frame(fn: Callable[..., Any], args: tuple, kwargs: dict, *, backend: Any,
                   options: dict[str, Any], fullgraph: bool) -> Callable[..., Any]:
+    try:
+        return _convert(fn, args, kwargs, backend, options, None, None)
+    except Unsupported as e:
+        bp = getattr(e, "break_point", None)
+        if fullgraph or bp is None:
+            raise
+        first = e
+    try:
+        return _convert(fn, args, kwargs, backend, options, bp, first)
+    except Unsupported as e2:
+        if e2 is first or getattr(e2, "break_point", None) is not None:
+            raise first
+        log.debug("graph break could not be resumed: %s", e2)
+        raise first from e2
+
+
+def _convert(fn: Callable[..., Any], args: tuple, kwargs: dict, backend: Any,
+             options: dict[str, Any], break_at: tuple[int, int] | None,
+             reason: Unsupported | None) -> Callable[..., Any]:
     t0 = time.perf_counter()
     code: types.CodeType = fn.__code__
     if code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR):
@@ -70,46 +101,53 @@ def convert_frame(fn: Callable[..., Any], args: tuple, kwargs: dict, *, backend:
     out = OutputGraph(fn.__globals__)
     out.namespace["___fn"] = fn
     tracer = Tracer(out, fn)
+    tracer.break_at = break_at
     locals_ = {name: LazyVar(value, name) for name, value in bound.arguments.items()}
     cells: dict[str, CellVar] = {}
     if fn.__closure__:
         for i, (name, cell) in enumerate(zip(code.co_freevars, fn.__closure__)):
             cells[name] = CellVar(None, real_cell=cell, source=f"___fn.__closure__[{i}]")
-    # Global state the graph was traced under.
     grad = torch.is_grad_enabled()
     out.guards.add(f"___torch.is_grad_enabled() is {grad}")
     out.guards.add(f"___torch.get_default_dtype() is {out.ns(torch.get_default_dtype(), 'dtype')}")
     frame = Frame(tracer, code, fn.__globals__, "___G", locals_, cells)
-    if code.co_cellvars:
-        for name in code.co_cellvars:
-            if isinstance(frame.cells[name].value, LazyVar):
-                lv = frame.cells[name].value
-                frame.cells[name].value = tracer.wrap(lv.value, lv.source)
+    for name in code.co_cellvars:
+        cv = frame.cells[name].value
+        if isinstance(cv, LazyVar):
+            frame.cells[name].value = tracer.wrap(cv.value, cv.source)
+    broke: BreakHere | None = None
+    break_grad = grad
     try:
-        result = frame.run()
+        result: Var | None = frame.run()
+    except BreakHere as b:
+        broke, result = b, None
+        break_grad = torch.is_grad_enabled()
     finally:
-        torch._C._set_grad_enabled(grad)
-    if torch.is_grad_enabled() != grad:  # pragma: no cover - restored above
         torch._C._set_grad_enabled(grad)
 
     rec = Reconstructor(out)
-    body: list[str] = []
-    result_expr = rec.expr(result)
-    body.append(f"___r = {result_expr}")
-    assigns: list[str] = []
-    temp = 0
+    pre: list[str] = []  # values computed before any side effect is replayed
+    tail: list[str] = []  # the break instruction and the return
 
-    def tmp(expr: str) -> str:
-        nonlocal temp
-        name = f"___t{temp}"
-        temp += 1
-        body.append(f"{name} = {expr}")
+    def snapshot(expr: str) -> str:
+        name = f"___p{len(pre)}"
+        pre.append(f"{name} = {expr}")
         return name
 
+    if broke is None:
+        assert result is not None
+        tail.append(f"return {snapshot(rec.expr(result))}")
+    else:
+        assert reason is not None
+        tail = _break_code(fn, broke, rec, snapshot, backend, options, grad, break_grad,
+                           reason)
+
+    # Side effects, replayed after the graph in program order (values snapshotted first).
+    assigns: list[str] = []
     for c in out.mutated_containers:
         if c.source is None:
             continue
-        t = tmp(rec.expr(c, allow_source=False))
+        t = snapshot(rec.expr(c, allow_source=False))
         if isinstance(c, ListVar):
             assigns.append(f"{c.source}[:] = {t}")
         elif isinstance(c, (DictVar, SetVar)):
@@ -122,22 +160,22 @@ def convert_frame(fn: Callable[..., Any], args: tuple, kwargs: dict, *, backend:
         elif kind == "global":
             name, value = payload
             last_store[(0, name)] = (None, name, value)
-    for (_, _), (obj, name, value) in last_store.items():
-        t = tmp(rec.expr(value))
+    for obj, name, value in last_store.values():
+        t = snapshot(rec.expr(value))
         if obj is None:
             assigns.append(f"___G[{name!r}] = {t}")
         elif isinstance(obj, (NNModuleVar, ObjectVar)):
             assigns.append(f"{obj.source}.{name} = {t}")
-    body += assigns
+    body = rec.lines + pre + assigns + tail
 
     graph = out.graph
     outputs = rec.graph_outputs
     has_ops = any(n.op in ("call_function", "call_method") for n in graph.nodes)
     input_exprs: list[str] = []
+    gm = None
     if has_ops:
         graph.output(tuple(outputs))
         _dce(graph)
-        # Placeholders that no node uses are dropped from the call.
         used = []
         for var, source, value in out.inputs:
             if var.node.users:
@@ -159,22 +197,157 @@ def convert_frame(fn: Callable[..., Any], args: tuple, kwargs: dict, *, backend:
                     name=code.co_name, ops=n_ops, graph=gm)
         compiled = compile_graph(gm, example_inputs, backend, options)
     else:
-        compiled = _no_graph
-    entry = build_entry(fn, out, compiled, input_exprs, [], body, "___r")
-    if not has_ops:
-        entry_src = entry.source.replace("    ___o = ___compiled()\n", "")
-        ns = dict(entry.__globals__)
-        exec(compile(entry_src, f"<ember entry for {code.co_name}>", "exec"), ns)
-        e2 = ns["___entry"]
-        e2.__defaults__, e2.__kwdefaults__ = entry.__defaults__, entry.__kwdefaults__
-        e2.failed_guard, e2.source, e2.guards = entry.failed_guard, entry_src, entry.guards
-        entry = e2
-    entry.graph_module = gm if has_ops else None  # type: ignore[attr-defined]
+        compiled = None
+    entry = build_entry(fn, out, compiled, input_exprs, body)
+    entry.graph_module = gm  # type: ignore[attr-defined]
     events.counters["stats"]["entries"] += 1
     events.emit("timing", stage="capture", function=code.co_name,
                 seconds=time.perf_counter() - t0)
     return entry
 
 
-def _no_graph(*args: Any) -> tuple:
-    return ()
+# ---------------------------------------------------------------------------------------------
+# Graph breaks
+# ---------------------------------------------------------------------------------------------
+
+def _stack_arg(rec: Reconstructor, snapshot: Callable[[str], str], v: Var) -> tuple[str, str]:
+    if isinstance(v, NullVar):
+        return resume_mod.STACK_NULL, ""
+    if isinstance(v, (IteratorVar, GeneratorResultVar)):
+        items = v.remaining() if isinstance(v, IteratorVar) else v.items
+        return resume_mod.STACK_ITER, snapshot("[" + ", ".join(rec.expr(i) for i in items) + "]")
+    return resume_mod.STACK_PLAIN, snapshot(rec.expr(v))
+
+
+def _resume_call(fn: Any, frame: Frame, rec: Reconstructor, snapshot: Callable[[str], str],
+                 offset: int, stack: list[Var], extra: list[str], backend: Any,
+                 options: dict[str, Any], compiled: bool) -> str:
+    """Expression calling the resume function for ``offset`` with the frame's live state."""
+    code, offset = resume_mod.original_position(frame.code, offset)
+    local_exprs, unbound = [], []
+    for name in code.co_varnames:
+        v = frame.locals.get(name)
+        if v is None:
+            local_exprs.append("None")
+            unbound.append(name)
+        elif isinstance(v, LazyVar):
+            local_exprs.append(snapshot(v.source))
+        else:
+            local_exprs.append(snapshot(rec.expr(v)))
+    kinds, stack_exprs = [], []
+    for v in stack:
+        k, e = _stack_arg(rec, snapshot, v)
+        kinds.append(k)
+        if e:
+            stack_exprs.append(e)
+    kinds += [resume_mod.STACK_PLAIN] * len(extra)
+    rcode = resume_mod.resume_code(code, offset, tuple(kinds), frozenset(unbound))
+    rfn = resume_mod.make_function(rcode, fn)
+    if compiled:
+        from .frame import CompiledFunction
+        target: Any = CompiledFunction(rfn, backend, options)
+    else:
+        target = rfn
+    name = rec.out.ns(target, "resume")
+    return f"{name}({', '.join(local_exprs + stack_exprs + extra)})"
+
+
+def _callee(fn_var: Var, rec: Reconstructor, backend: Any, options: dict[str, Any]
+            ) -> tuple[str, list[str]]:
+    """The callable to use at a call that broke the graph, plus leading arguments. User
+    functions and modules are compiled as their own frames."""
+    from .frame import CompiledFunction, is_disabled
+    out = rec.out
+    if isinstance(fn_var, FunctionVar) and isinstance(fn_var.value, types.FunctionType) and \
+            not is_disabled(fn_var.value) and not fn_var.value.__module__.startswith("torch"):
+        return out.ns(CompiledFunction(fn_var.value, backend, options), "compiled_fn"), []
+    if isinstance(fn_var, BoundMethodVar) and isinstance(fn_var.fn, FunctionVar) and \
+            isinstance(fn_var.fn.value, types.FunctionType) and not is_disabled(fn_var.fn.value):
+        cf = CompiledFunction(fn_var.fn.value, backend, options)
+        return out.ns(cf, "compiled_method"), [rec.expr(fn_var.self_var)]
+    if isinstance(fn_var, NNModuleVar):
+        m = fn_var.value
+        if not (m._forward_hooks or m._forward_pre_hooks or m._backward_hooks) and \
+                "forward" not in m.__dict__ and type(m).forward is not torch.nn.Module.forward:
+            cf = CompiledFunction(type(m).forward, backend, options)
+            return out.ns(cf, "compiled_forward"), [rec.expr(fn_var)]
+    return rec.expr(fn_var), []
+
+
+def _break_code(fn: Any, broke: BreakHere, rec: Reconstructor, snapshot: Callable[[str], str],
+                backend: Any, options: dict[str, Any], entry_grad: bool, break_grad: bool,
+                reason: Unsupported) -> list[str]:
+    frame = broke.frame
+    ins = frame.instructions[broke.index]
+    stack = list(frame.stack)
+    nxt = frame.instructions[broke.index + 1].offset if broke.index + 1 < len(
+        frame.instructions) else None
+    where = f"{frame.code.co_filename}:{(ins.positions.lineno if ins.positions else None) or frame.lineno}"
+    text = reason.reason
+    events.counters["graph_breaks"][text] += 1
+    events.counters["stats"]["graph_breaks"] += 1
+    events.emit("graph_break", reason=text, where=where, function=frame.code.co_name)
+    break_log.info("graph break in %s at %s: %s", frame.code.co_name, where, text)
+    tail: list[str] = []
+    grad_fix = (f"___torch._C._set_grad_enabled({break_grad})"
+                if break_grad != entry_grad else None)
+    op = ins.opname
+    if op in ("CALL", "CALL_FUNCTION_EX") and nxt is not None:
+        if op == "CALL":
+            argc = ins.arg
+            items = stack[len(stack) - argc - 2:]
+            below = stack[:len(stack) - argc - 2]
+            if isinstance(items[0], NullVar):
+                fn_var, args = items[1], items[2:]
+            else:
+                fn_var, args = items[0], items[1:]
+            kw_names = frame.kw_names
+            kw = dict(zip(kw_names, args[len(args) - len(kw_names):])) if kw_names else {}
+            pos = args[:len(args) - len(kw_names)] if kw_names else args
+            callee, lead = _callee(fn_var, rec, backend, options)
+            callee = snapshot(callee)
+            arg_exprs = lead + [snapshot(rec.expr(a)) for a in pos]
+            arg_exprs += [f"{k}={snapshot(rec.expr(v))}" for k, v in kw.items()]
+        else:
+            has_kw = bool(ins.arg & 1)
+            kw_var = stack[-1] if has_kw else None
+            args_var = stack[-2] if has_kw else stack[-1]
+            fn_var = stack[-3] if has_kw else stack[-2]
+            n_pop = 3 if has_kw else 2
+            below = stack[:len(stack) - n_pop]
+            if below and isinstance(below[-1], NullVar):
+                below = below[:-1]
+            callee, lead = _callee(fn_var, rec, backend, options)
+            callee = snapshot(callee)
+            arg_exprs = lead + [f"*{snapshot(rec.expr(args_var))}"]
+            if kw_var is not None:
+                arg_exprs.append(f"**{snapshot(rec.expr(kw_var))}")
+        resume = _resume_call(fn, frame, rec, snapshot, nxt, below, ["___res"], backend,
+                              options, compiled=True)
+        if grad_fix:
+            tail.append(grad_fix)
+        tail.append(f"___res = {callee}({', '.join(arg_exprs)})")
+        tail.append(f"return {resume}")
+        return tail
+    if op.startswith("POP_JUMP") and ("IF_FALSE" in op or "IF_TRUE" in op) and \
+            stack and isinstance(stack[-1], TensorVar) and nxt is not None:
+        cond = snapshot(rec.expr(stack[-1]))
+        rest = stack[:-1]
+        jump_when = "IF_TRUE" in op
+        on_jump = _resume_call(fn, frame, rec, snapshot, ins.argval, rest, [], backend, options,
+                               compiled=True)
+        on_next = _resume_call(fn, frame, rec, snapshot, nxt, rest, [], backend, options,
+                               compiled=True)
+        if grad_fix:
+            tail.append(grad_fix)
+        tail.append(f"if {'' if jump_when else 'not '}{cond}:")
+        tail.append(f"    return {on_jump}")
+        tail.append(f"return {on_next}")
+        return tail
+    # Any other instruction: the rest of the frame, from this instruction on, runs as Python.
+    resume = _resume_call(fn, frame, rec, snapshot, ins.offset, stack, [], backend, options,
+                          compiled=False)
+    if grad_fix:
+        tail.append(grad_fix)
+    tail.append(f"return {resume}")
+    return tail

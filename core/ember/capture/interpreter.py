@@ -49,6 +49,14 @@ class LazyVar(Var):
         self.source = source
 
 
+class BreakHere(Exception):
+    """Raised in the root frame at the instruction where a graph break was decided."""
+
+    def __init__(self, frame: "Frame", index: int):
+        self.frame = frame
+        self.index = index
+
+
 class _Return(Exception):
     def __init__(self, value: Var):
         self.value = value
@@ -72,6 +80,8 @@ class Tracer:
         self.stored_objects: dict[int, Var] = {}
         self.instructions = 0
         self.frames: list["Frame"] = []
+        #: (instruction index, n-th execution) in the root frame where to stop and break.
+        self.break_at: tuple[int, int] | None = None
 
     # =========================================================================================
     # Wrapping real values
@@ -171,7 +181,20 @@ class Tracer:
             g(f"({source}) is {out.ns(value, getattr(value, '__name__', 'fn'))}")
             return BuiltinVar(value, source)
         from .frame import CompiledFunction
+        from .output import GradRestore
 
+        if isinstance(value, GradRestore):  # the exit of a grad-mode block split by a break
+            g(f"type({source}) is {out.ns(GradRestore, 'GradRestore')} and "
+              f"({source}).prev is {value.prev}")
+            prev = value.prev
+
+            def restore() -> None:
+                from .builtins import _set_grad
+                if torch.is_grad_enabled() != prev:
+                    _set_grad(self, prev)
+            ev = ExitVar(GradModeVar(prev), restore)
+            ev.prev_mode = prev  # type: ignore[attr-defined]
+            return ev
         if isinstance(value, CompiledFunction):  # an ember-compiled function called inside
             inner = value.fn
             if value.bound_self is not None:
@@ -845,10 +868,18 @@ class Frame:
 
     # -- main loop ----------------------------------------------------------------------------
     def run(self) -> Var:
-        self.tracer.frames.append(self)
+        tracer = self.tracer
+        is_root = not tracer.frames
+        counts: dict[int, int] = {}
+        tracer.frames.append(self)
         try:
             while True:
-                ins = self.instructions[self.ip]
+                idx = self.ip
+                ins = self.instructions[idx]
+                if is_root:
+                    counts[idx] = counts.get(idx, 0) + 1
+                    if tracer.break_at == (idx, counts[idx]):
+                        raise BreakHere(self, idx)
                 self.ip += 1
                 if ins.starts_line:
                     self.lineno = ins.starts_line if not PY312 or isinstance(
@@ -872,6 +903,8 @@ class Frame:
                         e.where = self.where()
                         e.args = (f"{e.reason}\n  at {self.user_stack()}" +
                                   (f"\n  {e.hint}" if e.hint else ""),)
+                    if is_root and getattr(e, "break_point", None) is None:
+                        e.break_point = (idx, counts[idx])  # type: ignore[attr-defined]
                     raise
         finally:
             self.tracer.frames.pop()

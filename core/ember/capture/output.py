@@ -15,9 +15,41 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from .. import _logging
 from ..exc import Unsupported
-from .variables import (BuiltinVar, ClassVar, ConstVar, DataclassVar, DictVar, FunctionVar,
-                        ListVar, NNModuleVar, ObjectVar, PyModuleVar, SetVar, TensorVar, TupleVar,
-                        Var)
+from .variables import (BoundMethodVar, BuiltinVar, CellVar, ClassVar, ConstVar,
+                        ContainerMethodVar, DataclassVar, DictVar, ExitVar, FunctionVar,
+                        GeneratorResultVar, IteratorVar, ListVar, NestedFunctionVar, NNModuleVar,
+                        ObjectVar, PyModuleVar, SetVar, TensorMethodVar, TensorVar, TupleVar, Var)
+
+
+class GradRestore:
+    """Stands for the ``__exit__`` of a grad-mode ``with`` block that a graph break split."""
+
+    def __init__(self, prev: bool):
+        self.prev = prev
+
+    def __call__(self, *exc: object) -> bool:
+        torch._C._set_grad_enabled(self.prev)
+        return False
+
+
+def _mkobj(cls: type, fields: dict) -> object:
+    obj = object.__new__(cls)
+    obj.__dict__.update(fields)
+    return obj
+
+
+def _mkcell(*value: object) -> object:
+    return types.CellType(*value)
+
+
+def _with_kwdefaults(fn: types.FunctionType, kw: dict) -> types.FunctionType:
+    fn.__kwdefaults__ = kw
+    return fn
+
+
+ENTRY_HELPERS = {"___GradRestore": GradRestore, "___mkobj": _mkobj, "___mkcell": _mkcell,
+                 "___MethodType": types.MethodType, "___FunctionType": types.FunctionType,
+                 "___with_kwdefaults": _with_kwdefaults}
 
 log = logging.getLogger("ember.capture")
 graph_log = _logging.get_artifact_logger("graph")
@@ -45,7 +77,8 @@ class OutputGraph:
         self.graph = torch.fx.Graph()
         self.fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
         self.guards = GuardSet()
-        self.namespace: dict[str, Any] = {"___G": fn_globals, "___torch": torch}
+        self.namespace: dict[str, Any] = {"___G": fn_globals, "___torch": torch,
+                                          **ENTRY_HELPERS}
         self._ns_ids: dict[int, str] = {}
         self._counter = itertools.count()
         # graph inputs: (placeholder var, source expression, real value)
@@ -127,10 +160,23 @@ def _node_name(source: str, i: int) -> str:
 # ---------------------------------------------------------------------------------------------
 
 class Reconstructor:
+    """Turns Vars into Python expressions of the entry function. Mutable values created while
+    tracing are built once into a temporary (``lines``) so that every reference shares them."""
+
     def __init__(self, out: OutputGraph):
         self.out = out
         self.graph_outputs: list[torch.fx.Node] = []
         self._out_index: dict[torch.fx.Node, int] = {}
+        self.lines: list[str] = []
+        self._memo: dict[int, str] = {}
+        self._n = 0
+
+    def _temp(self, v: Var, expr: str) -> str:
+        name = f"___v{self._n}"
+        self._n += 1
+        self.lines.append(f"{name} = {expr}")
+        self._memo[id(v)] = name
+        return name
 
     def tensor_expr(self, v: TensorVar) -> str:
         if v.node.op == "placeholder" and v.source is not None:
@@ -143,6 +189,16 @@ class Reconstructor:
         return f"___o[{idx}]"
 
     def expr(self, v: Var, *, allow_source: bool = True) -> str:
+        memo = self._memo.get(id(v))
+        if memo is not None and allow_source:
+            return memo
+        mutable = isinstance(v, (ListVar, DictVar, SetVar, DataclassVar, IteratorVar, CellVar,
+                                 NestedFunctionVar, GeneratorResultVar, ExitVar))
+        if mutable and allow_source and getattr(v, "source", None) is None:
+            return self._temp(v, self._expr(v, allow_source=allow_source))
+        return self._expr(v, allow_source=allow_source)
+
+    def _expr(self, v: Var, *, allow_source: bool = True) -> str:
         out = self.out
         if isinstance(v, TensorVar):
             return self.tensor_expr(v)
@@ -179,8 +235,38 @@ class Reconstructor:
                 return "{" + inner + "}"
             return f"{out.ns(v.cls, v.cls.__name__)}({{{inner}}})"
         if isinstance(v, DataclassVar):
+            if getattr(v, "plain", False):
+                inner = ", ".join(f"{k!r}: {self.expr(val)}" for k, val in v.fields.items())
+                return f"___mkobj({out.ns(v.cls, v.cls.__name__)}, {{{inner}}})"
             inner = ", ".join(f"{k}={self.expr(val)}" for k, val in v.fields.items())
             return f"{out.ns(v.cls, v.cls.__name__)}({inner})"
+        if isinstance(v, (IteratorVar, GeneratorResultVar)):
+            items = v.remaining() if isinstance(v, IteratorVar) else v.items
+            return "iter([" + ", ".join(self.expr(i) for i in items) + "])"
+        if isinstance(v, BoundMethodVar):
+            return f"___MethodType({self.expr(v.fn)}, {self.expr(v.self_var)})"
+        if isinstance(v, TensorMethodVar):
+            return f"{self.expr(v.tensor)}.{v.name}"
+        if isinstance(v, ContainerMethodVar):
+            return f"{self.expr(v.obj)}.{v.name}"
+        if isinstance(v, CellVar):
+            if v.real_cell is not None:
+                return out.ns(v.real_cell, "cell")
+            return f"___mkcell({self.expr(v.value) if v.value is not None else ''})"
+        if isinstance(v, NestedFunctionVar):
+            defaults = self.expr(v.defaults) if v.defaults is not None else "None"
+            closure = ("(" + "".join(self.expr(c) + ", " for c in v.closure) + ")"
+                       if v.closure else "None")
+            fn = f"___FunctionType({out.ns(v.code, 'code')}, {out.ns(v.fn_globals, 'globals')}, " \
+                 f"{v.code.co_name!r}, {defaults}, {closure})"
+            if v.kwdefaults is not None:
+                fn = f"___with_kwdefaults({fn}, {self.expr(v.kwdefaults)})"
+            return fn
+        if isinstance(v, ExitVar):
+            from .variables import GradModeVar
+            if isinstance(v.ctx, GradModeVar):
+                return f"___GradRestore({getattr(v, 'prev_mode', True)!r})"
+            raise Unsupported("a graph break inside this `with` block")
         if isinstance(v, (NNModuleVar, ObjectVar, FunctionVar, PyModuleVar, ClassVar)):
             if v.source is not None:
                 return v.source
@@ -217,10 +303,9 @@ def signature_source(code: types.CodeType) -> str:
     return ", ".join(parts)
 
 
-def build_entry(fn: Callable[..., Any], out: OutputGraph, compiled: Callable[..., Any],
-                input_exprs: list[str], prologue: list[str], body: list[str],
-                result_expr: str) -> Callable[..., Any]:
-    """Generate the entry function: guards, graph call, side effects, result."""
+def build_entry(fn: Callable[..., Any], out: OutputGraph, compiled: Callable[..., Any] | None,
+                input_exprs: list[str], body: list[str]) -> Callable[..., Any]:
+    """Generate the entry function: guards, graph call, side effects, result (or break)."""
     from .frame import MISS
 
     code = fn.__code__
@@ -235,10 +320,9 @@ def build_entry(fn: Callable[..., Any], out: OutputGraph, compiled: Callable[...
              "            return ___MISS",
              "    except Exception:",
              "        return ___MISS"]
-    lines += ["    " + p for p in prologue]
-    lines.append(f"    ___o = ___compiled({', '.join(input_exprs)})")
+    if compiled is not None:
+        lines.append(f"    ___o = ___compiled({', '.join(input_exprs)})")
     lines += ["    " + b for b in body]
-    lines.append(f"    return {result_expr}")
     src = "\n".join(lines) + "\n"
     # A second function evaluates the guards one by one to name the first that fails.
     explain_lines = [f"def ___failed_guard({sig}):"]
@@ -252,11 +336,10 @@ def build_entry(fn: Callable[..., Any], out: OutputGraph, compiled: Callable[...
     exec(compile(src, filename, "exec"), ns)
     exec(compile(src_explain, filename, "exec"), ns)
     entry = ns["___entry"]
-    entry.__defaults__ = fn.__defaults__
-    entry.__kwdefaults__ = fn.__kwdefaults__
     explain = ns["___failed_guard"]
-    explain.__defaults__ = fn.__defaults__
-    explain.__kwdefaults__ = fn.__kwdefaults__
+    for f in (entry, explain):
+        f.__defaults__ = fn.__defaults__
+        f.__kwdefaults__ = fn.__kwdefaults__
     entry.failed_guard = explain
     entry.source = src
     entry.guards = list(out.guards.exprs)
