@@ -38,10 +38,18 @@ def _parser() -> argparse.ArgumentParser:
                    help="model sizes (default: small on cpu, full on cuda)")
     r.add_argument("--compile-probes", default="cold,warm",
                    help="cold,warm | cold | none: fresh-process compile measurements")
+    r.add_argument("--probe-backends", type=_csv, default=None,
+                   help="run the compile probes only for these backends (default: all compiled)")
     r.add_argument("--probe-timeout", type=float, default=600.0)
+    r.add_argument("--deadline", type=float, default=None,
+                   help="seconds after which no new model or probe starts (the rest is reported "
+                        "as skipped), so a run under a wall-clock limit still writes its report")
     r.add_argument("--no-overhead", action="store_true", help="skip the per-call overhead test")
     r.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks",
                    help="report directory (default docs/benchmarks)")
+    r.add_argument("--append", action="store_true",
+                   help="merge into an existing report of the same device/mode (replacing the "
+                        "model x backend pairs measured now) instead of overwriting it")
     r.add_argument("--quiet", action="store_true", help="no progress lines")
 
     pr = sub.add_parser("probe", help="(internal) time one first compiled step in this process")
@@ -53,6 +61,13 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument("--amp", action="store_true")
 
     sub.add_parser("list", help="list zoo models and backends")
+
+    rd = sub.add_parser("render", help="re-render reports (md, csv, png, docs/benchmarks.md "
+                                       "section) from saved {stem}.json files")
+    rd.add_argument("json", nargs="+", type=Path,
+                    help="a saved result, e.g. docs/benchmarks/cuda-infer-bf16.json")
+    rd.add_argument("--out", type=Path, default=None,
+                    help="report directory (default: the JSON file's directory)")
     return p
 
 
@@ -70,6 +85,15 @@ def main(argv: list[str] | None = None) -> int:
         for b in BACKEND_NAMES:
             print(f"{b:18} {availability(b) or 'available'}")
         return 0
+    if args.cmd == "render":
+        import json
+
+        from .report import render
+
+        for path in args.json:
+            for kind, p in render(json.loads(path.read_text()), args.out or path.parent).items():
+                print(f"{kind}: {p}")
+        return 0
     if args.cmd == "probe":
         from .runner import probe_json
 
@@ -82,10 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     cfg = RunConfig(device=args.device, mode=args.mode, backends=args.backends,
                     models=args.models, iters=args.iters, warmup=args.warmup,
                     max_seconds=args.max_seconds, amp=args.amp, size=args.size,
-                    compile_probes=args.compile_probes, probe_timeout=args.probe_timeout,
+                    compile_probes=args.compile_probes, probe_backends=args.probe_backends,
+                    probe_timeout=args.probe_timeout, deadline_s=args.deadline,
                     overhead=not args.no_overhead, quiet=args.quiet)
     rows, overhead = run(cfg)
-    paths = write_reports(rows, overhead, cfg, args.out, argv)
+    paths = write_reports(rows, overhead, cfg, args.out, argv, append=args.append)
     for kind, path in paths.items():
         print(f"{kind}: {path}")
     return 0

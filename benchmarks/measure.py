@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import statistics
@@ -104,8 +105,9 @@ def peak_memory_mb(step: Callable[[], Any], device: str) -> float | None:
     """Peak memory one call of ``step`` adds over what is resident before it, in MiB.
 
     CUDA: ``torch.cuda.max_memory_allocated`` after a peak reset. CPU: the process's peak RSS
-    (Linux ``VmHWM``, reset by writing 5 to ``/proc/self/clear_refs``) minus RSS before the call;
-    a rough figure (the allocator may reuse freed pages), ``None`` where Linux does not allow it.
+    (Linux ``VmHWM``, reset by writing 5 to ``/proc/self/clear_refs``, after ``malloc_trim``)
+    minus RSS before the call: includes allocator slack, so a rough figure; ``None`` where the
+    kernel does not allow the reset.
     """
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -114,6 +116,12 @@ def peak_memory_mb(step: Callable[[], Any], device: str) -> float | None:
         step()
         torch.cuda.synchronize()
         return (torch.cuda.max_memory_allocated() - base) / 2**20
+    try:
+        # Hand freed heap pages back to the OS first: otherwise the step reuses pages that are
+        # already resident and the peak never moves.
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")

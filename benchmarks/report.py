@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import json
 import dataclasses
 import datetime
 import math
@@ -18,7 +20,8 @@ import torch
 
 from .runner import Row, RunConfig
 
-__all__ = ["CSV_COLUMNS", "OVERHEAD_COLUMNS", "machine_info", "write_reports", "geomean"]
+__all__ = ["CSV_COLUMNS", "OVERHEAD_COLUMNS", "machine_info", "write_reports", "geomean",
+           "merge_rows", "build_result", "merge_results", "render"]
 
 CSV_COLUMNS = [f.name for f in dataclasses.fields(Row)]
 OVERHEAD_COLUMNS = ["backend", "us_per_call", "overhead_us", "note"]
@@ -27,6 +30,13 @@ _MD_COLUMNS = [("model", "model"), ("backend", "backend"), ("status", "status"),
                ("cold_compile_s", "cold compile s"), ("warm_compile_s", "warm compile s"),
                ("first_call_s", "first call s"), ("graphs", "graphs"),
                ("graph_breaks", "breaks"), ("peak_mem_mb", "peak MiB"), ("aot_s", "AOT s")]
+
+
+def merge_rows(old: list[Row], new: list[Row]) -> list[Row]:
+    """``old`` with every (model, backend) present in ``new`` replaced; new pairs appended."""
+    fresh = {(r.model, r.backend): r for r in new}
+    merged = [fresh.pop((r.model, r.backend), r) for r in old]
+    return merged + [r for r in new if (r.model, r.backend) in fresh]
 
 
 def machine_info(device: str) -> dict[str, str]:
@@ -45,6 +55,8 @@ def machine_info(device: str) -> dict[str, str]:
         "torch": torch.__version__,
         "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
     }
+    with contextlib.suppress(OSError):  # other work on the machine skews timings: say how much
+        info["load average at end (1/5/15 min)"] = " / ".join(f"{x:.1f}" for x in os.getloadavg())
     try:
         import ember
 
@@ -81,24 +93,25 @@ def geomean(xs: list[float]) -> float | None:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
 
 
-def _markdown(rows: list[Row], overhead: dict[str, dict[str, Any]], cfg: RunConfig,
-              info: dict[str, str], command: str, stem: str) -> str:
-    lines = [f"# Benchmark results: {cfg.device}, {cfg.mode}"
-             + (" (bf16 autocast)" if cfg.amp else ""), "",
-             f"* command: `{command}`",
+def _markdown(res: dict[str, Any], rows: list[Row]) -> str:
+    c, info, stem = res["config"], res["machine"], res["stem"]
+    lines = [f"# Benchmark results: {c['device']}, {c['mode']}"
+             + (" (bf16 autocast)" if c["amp"] else ""), "",
+             *[f"* command: `{cmd}`" for cmd in res["commands"]],
              *[f"* {k}: {v}" for k, v in info.items()],
-             f"* sizes: {cfg.size}; timing: median of up to {cfg.iters} interleaved iterations "
-             f"after {cfg.warmup} warm-up calls (budget {cfg.max_seconds:.0f} s per model)",
+             f"* sizes: {c['size']}; timing: median of up to {c['iters']} interleaved iterations "
+             f"after {c['warmup']} warm-up calls (budget {c['max_seconds']:.0f} s per model)",
              "", f"![speedups and compile times]({stem}.png)", "",
              "| " + " | ".join(h for _, h in _MD_COLUMNS) + " |",
              "|" + "---|" * len(_MD_COLUMNS)]
     for r in rows:
         lines.append("| " + " | ".join(_fmt(k, getattr(r, k)) for k, _ in _MD_COLUMNS) + " |")
     lines += ["", "Geometric-mean speedup over eager (models where the backend ran and passed):", ""]
-    for b in cfg.backends:
+    for b in dict.fromkeys(r.backend for r in rows):
         g = geomean([r.speedup for r in rows
                      if r.backend == b and r.speedup and r.accuracy.startswith("pass")])
         lines.append(f"* {b}: {'—' if g is None else f'{g:.2f}×'}")
+    overhead = res["overhead"]
     if overhead:
         lines += ["", "Per-call overhead (`x + 1` on 4 elements):", "",
                   "| backend | µs per call | overhead over eager µs | note |", "|---|---|---|---|"]
@@ -110,7 +123,7 @@ def _markdown(rows: list[Row], overhead: dict[str, dict[str, Any]], cfg: RunConf
                                             if x)) for r in rows]
     notes = [n for n in notes if n[2]]
     if notes:
-        lines += ["", "Notes:", ""] + [f"* {m} · {b}: {n}" for m, b, n in notes]
+        lines += ["", "Notes:", ""] + [f"* {m} · {b}: {_fmt('note', n)}" for m, b, n in notes]
     lines += ["", "Columns: *accuracy* is PyTorch's rule against an fp64 reference "
               "(benchmarks/accuracy.py); *median ms* is one step (inference: no_grad forward; "
               "training: forward + loss + backward); *speedup* is eager median / backend median; "
@@ -118,11 +131,12 @@ def _markdown(rows: list[Row], overhead: dict[str, dict[str, Any]], cfg: RunConf
               "process with empty / reused compiler caches; *first call s* is the first step in "
               "the benchmark process; *graphs*/*breaks* are counted by each compiler; *peak MiB* "
               "is the memory one step adds (CPU: peak RSS delta, rough; CUDA: "
-              "max_memory_allocated); *AOT s* is Ember's reported AOT-autograd time.", ""]
+              "max_memory_allocated); *AOT s* is Ember's reported AOT-autograd time. "
+              "See [../benchmarks.md](../benchmarks.md).", ""]
     return "\n".join(lines)
 
 
-def _plot(rows: list[Row], cfg: RunConfig, path: Path) -> str | None:
+def _plot(rows: list[Row], title: str, path: Path) -> str | None:
     try:
         import matplotlib
 
@@ -131,7 +145,7 @@ def _plot(rows: list[Row], cfg: RunConfig, path: Path) -> str | None:
     except ImportError:
         return "matplotlib not installed (pip install matplotlib): no plot"
     models = list(dict.fromkeys(r.model for r in rows))
-    backends = [b for b in cfg.backends]
+    backends = list(dict.fromkeys(r.backend for r in rows))
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(max(8, 1.4 * len(models)), 8))
     width = 0.8 / max(len(backends), 1)
     by = {(r.model, r.backend): r for r in rows}
@@ -149,7 +163,7 @@ def _plot(rows: list[Row], cfg: RunConfig, path: Path) -> str | None:
         ax.grid(axis="y", alpha=0.3)
     ax1.axhline(1.0, color="black", linewidth=0.8)
     ax1.set_ylabel("speedup over eager (×)")
-    ax1.set_title(f"{cfg.device} {cfg.mode}: speedup over eager (higher is better)")
+    ax1.set_title(f"{title}: speedup over eager (higher is better)")
     ax2.set_ylabel("cold compile s")
     ax2.set_title("cold compile seconds, fresh process, empty caches (lower is better)")
     fig.tight_layout()
@@ -158,37 +172,65 @@ def _plot(rows: list[Row], cfg: RunConfig, path: Path) -> str | None:
     return None
 
 
-def _update_index(index: Path, out_dir: Path, stem: str, cfg: RunConfig, info: dict[str, str],
-                  command: str, md_table: str) -> None:
+def _update_index(index: Path, out_dir: Path, res: dict[str, Any], md: str) -> None:
     """Replace the section between ``<!-- results:{stem} -->`` markers in docs/benchmarks.md (if
-    the page has them) with the command, machine, date and a copy of the table."""
+    the page has them) with the command, machine, date and a copy of the tables."""
     if not index.exists():
         return
     text = index.read_text()
+    stem, info = res["stem"], res["machine"]
     begin, end = f"<!-- results:{stem} -->", f"<!-- /results:{stem} -->"
     if begin not in text or end not in text:
         return
     rel = os.path.relpath(out_dir, index.parent)
+    table = md[md.index("| model"):md.index("\nColumns:")].rstrip()
     body = "\n".join([
         begin, "",
-        f"Command: `{command}`", "",
+        *[f"Command: `{cmd}`" + "\n" for cmd in res["commands"]],
         f"Machine: {info['cpu']}; torch {info['torch']}; Python {info['python']}"
-        + (f"; GPU {info['gpu']}" if "gpu" in info else "") + f". Date: {info['date']}.", "",
+        + (f"; GPU {info['gpu']}" if "gpu" in info else "")
+        + (f"; load average at end {info['load average at end (1/5/15 min)']}"
+           if "load average at end (1/5/15 min)" in info else "")
+        + f". Date: {info['date']}.", "",
         f"Full report: [{stem}.md]({rel}/{stem}.md) · CSV: [{stem}.csv]({rel}/{stem}.csv) · "
         f"plot: [{stem}.png]({rel}/{stem}.png)", "",
-        md_table, "", end])
+        f"![{stem}]({rel}/{stem}.png)", "",
+        table, "", end])
     text = re.sub(re.escape(begin) + r".*?" + re.escape(end), lambda _: body, text, flags=re.S)
     index.write_text(text)
 
 
-def write_reports(rows: list[Row], overhead: dict[str, dict[str, Any]], cfg: RunConfig,
-                  out_dir: Path, argv: list[str] | None = None) -> dict[str, Path]:
-    out_dir.mkdir(parents=True, exist_ok=True)
+def build_result(rows: list[Row], overhead: dict[str, dict[str, Any]], cfg: RunConfig,
+                 argv: list[str] | None = None) -> dict[str, Any]:
+    """Everything a report is rendered from (saved as ``{stem}.json`` beside it)."""
     stem = f"{cfg.device.split(':')[0]}-{cfg.mode}" + ("-bf16" if cfg.amp else "")
     command = "python -m benchmarks " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
-    info = machine_info(cfg.device)
-    paths = {"md": out_dir / f"{stem}.md", "csv": out_dir / f"{stem}.csv",
-             "overhead_csv": out_dir / f"{stem}-overhead.csv", "png": out_dir / f"{stem}.png"}
+    return {"stem": stem, "config": dataclasses.asdict(cfg), "machine": machine_info(cfg.device),
+            "commands": [command], "rows": [dataclasses.asdict(r) for r in rows],
+            "overhead": overhead}
+
+
+def merge_results(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """``new`` on top of ``old``: (model, backend) pairs measured again are replaced, the others
+    kept; commands accumulate; the overhead table is the newest non-empty one."""
+    rows = merge_rows([Row(**r) for r in old["rows"]], [Row(**r) for r in new["rows"]])
+    out = dict(new)
+    out["rows"] = [dataclasses.asdict(r) for r in rows]
+    out["commands"] = list(dict.fromkeys(old.get("commands", []) + new["commands"]))
+    out["overhead"] = new["overhead"] or old.get("overhead", {})
+    return out
+
+
+def render(res: dict[str, Any], out_dir: Path) -> dict[str, Path]:
+    """Write ``{stem}.{json,csv,md,png}`` and ``{stem}-overhead.csv`` under ``out_dir`` and refresh
+    the matching section of ``out_dir/../benchmarks.md`` when that page has its markers."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = res["stem"]
+    rows = [Row(**r) for r in res["rows"]]
+    paths = {"json": out_dir / f"{stem}.json", "md": out_dir / f"{stem}.md",
+             "csv": out_dir / f"{stem}.csv", "overhead_csv": out_dir / f"{stem}-overhead.csv",
+             "png": out_dir / f"{stem}.png"}
+    paths["json"].write_text(json.dumps(res, indent=1) + "\n")
     with open(paths["csv"], "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
         w.writeheader()
@@ -197,15 +239,26 @@ def write_reports(rows: list[Row], overhead: dict[str, dict[str, Any]], cfg: Run
     with open(paths["overhead_csv"], "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=OVERHEAD_COLUMNS)
         w.writeheader()
-        for b, o in overhead.items():
+        for b, o in res["overhead"].items():
             w.writerow({"backend": b, **o})
-    md = _markdown(rows, overhead, cfg, info, command, stem)
-    why = _plot(rows, cfg, paths["png"])
+    md = _markdown(res, rows)
+    c = res["config"]
+    why = _plot(rows, f"{c['device']} {c['mode']}" + (" bf16" if c["amp"] else ""), paths["png"])
     if why:
         md += f"\n(no plot: {why})\n"
         paths.pop("png")
     paths["md"].write_text(md)
-    table_start = md.index("| model")
-    table = md[table_start:md.index("\nColumns:")].rstrip()
-    _update_index(out_dir.parent / "benchmarks.md", out_dir, stem, cfg, info, command, table)
+    _update_index(out_dir.parent / "benchmarks.md", out_dir, res, md)
     return paths
+
+
+def write_reports(rows: list[Row], overhead: dict[str, dict[str, Any]], cfg: RunConfig,
+                  out_dir: Path, argv: list[str] | None = None,
+                  append: bool = False) -> dict[str, Path]:
+    """Render this run's reports; with ``append``, merged into an existing ``{stem}.json`` (so a
+    long run can be split into several commands, e.g. one per model group on the GPU machine)."""
+    res = build_result(rows, overhead, cfg, argv)
+    old_path = out_dir / f"{res['stem']}.json"
+    if append and old_path.exists():
+        res = merge_results(json.loads(old_path.read_text()), res)
+    return render(res, out_dir)

@@ -39,7 +39,9 @@ class RunConfig:
     amp: bool = False  # bf16 autocast (CUDA)
     size: str | None = None  # "small" (CPU default) or "full" (CUDA default)
     compile_probes: str = "cold,warm"  # "cold,warm", "cold" or "none"
+    probe_backends: list[str] | None = None  # None: every compiled backend
     probe_timeout: float = 600.0
+    deadline_s: float | None = None  # stop starting new work after this many seconds
     overhead: bool = True
     quiet: bool = False
 
@@ -48,9 +50,9 @@ class RunConfig:
         if cuda and not torch.cuda.is_available():
             raise SystemExit("--device cuda: no CUDA device visible to torch")
         self.size = self.size or ("full" if cuda else "small")
-        self.iters = self.iters or (100 if cuda else 30)
+        self.iters = self.iters or (100 if cuda else 20)
         self.warmup = self.warmup if self.warmup is not None else (10 if cuda else 2)
-        self.max_seconds = self.max_seconds or (60.0 if cuda else 20.0)
+        self.max_seconds = self.max_seconds or (30.0 if cuda else 10.0)
         self.models = self.models or zoo.default_models("cuda" if cuda else "cpu")
         if "eager" not in self.backends:  # the baseline of every speedup and accuracy check
             self.backends = ["eager"] + self.backends
@@ -94,8 +96,9 @@ def _to(obj: Any, dtype: torch.dtype) -> Any:
     return obj
 
 
-def _detach_cpu(xs: list[Any]) -> list[Any]:
-    return [x.detach().cpu() if isinstance(x, torch.Tensor) else x for x in xs]
+def _detach(xs: list[Any]) -> list[Any]:
+    # Results stay on their device: comparing large outputs there is much faster than on the host.
+    return [x.detach() if isinstance(x, torch.Tensor) else x for x in xs]
 
 
 def make_step(mode: str, fn: Callable[..., Any], inputs: tuple[Any, ...], device: str,
@@ -161,7 +164,7 @@ def _run_model(name: str, cfg: RunConfig, avail: dict[str, str | None],
     ref64: list[Any] | None = None
     try:
         m64 = copy.deepcopy(base).double()
-        ref64 = _detach_cpu(zoo.step_result(
+        ref64 = _detach(zoo.step_result(
             cfg.mode, m64, make_step(cfg.mode, m64, _to(inputs, torch.float64), cfg.device,
                                      False)()))
         del m64
@@ -197,7 +200,7 @@ def _run_model(name: str, cfg: RunConfig, avail: dict[str, str | None],
             row.add_note(n)
         if stats.fell_back:
             row.status = FALLBACK
-        res = _detach_cpu(zoo.step_result(cfg.mode, module, out))
+        res = _detach(zoo.step_result(cfg.mode, module, out))
         if b == "eager":
             fp32 = res
         if fp32 is not None:
@@ -246,19 +249,28 @@ def _run_model(name: str, cfg: RunConfig, avail: dict[str, str | None],
     return list(rows.values())
 
 
-def _run_probes(rows: list[Row], cfg: RunConfig, progress: Progress) -> None:
+#: torch.compile backends with no on-disk cache: a warm start is a cold start, so the warm probe
+#: is not run for them (it would only repeat the cold figure).
+NO_DISK_CACHE = ("torch-eager", "torch-aot-eager")
+
+
+def _run_probes(rows: list[Row], cfg: RunConfig, progress: Progress, t_start: float) -> None:
     kinds = [k for k in cfg.compile_probes.split(",") if k in ("cold", "warm")]
-    if not kinds:
-        for r in rows:
-            if r.backend != "eager" and r.status in RUNNABLE:
-                r.add_note("compile probes not run")
-        return
     for r in rows:
         if r.backend == "eager" or r.status not in RUNNABLE:
+            continue
+        if not kinds or (cfg.probe_backends is not None and r.backend not in cfg.probe_backends):
+            r.add_note("compile probes not run")
+            continue
+        if cfg.deadline_s is not None and time.perf_counter() - t_start > cfg.deadline_s:
+            r.add_note("compile probes not run (--deadline reached)")
             continue
         cache = new_cache_dir()
         try:
             for kind in kinds:
+                if kind == "warm" and r.backend in NO_DISK_CACHE:
+                    r.add_note("no warm probe (no on-disk cache: warm = cold)")
+                    continue
                 ans = compile_probe(r.model, r.backend, cfg.device, cfg.mode, cfg.size or "small",
                                     cfg.amp, cache, cfg.probe_timeout)
                 if "error" in ans:
@@ -283,8 +295,13 @@ def run(cfg: RunConfig) -> tuple[list[Row], dict[str, dict[str, Any]]]:
     for b, why in avail.items():
         if why:
             progress(f"{b}: {why}")
+    t_start = time.perf_counter()
     rows: list[Row] = []
     for name in cfg.models or []:
+        if cfg.deadline_s is not None and time.perf_counter() - t_start > cfg.deadline_s:
+            progress(f"{name}: skipped (--deadline {cfg.deadline_s:.0f} s reached)")
+            rows += [Row(name, b, status="skipped: --deadline reached") for b in cfg.backends]
+            continue
         try:
             rows += _run_model(name, cfg, avail, progress)
         except Exception as e:  # a model that cannot even be built: every row says why
@@ -298,7 +315,7 @@ def run(cfg: RunConfig) -> tuple[list[Row], dict[str, dict[str, Any]]]:
         for b in cfg.backends:
             overhead.setdefault(b, {"us_per_call": None, "overhead_us": None,
                                     "note": avail[b] or ""})
-    _run_probes(rows, cfg, progress)
+    _run_probes(rows, cfg, progress, t_start)
     progress("done")
     return rows, overhead
 

@@ -207,7 +207,8 @@ def _build_gpt2(device: str, size: str):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     if size == "small":
-        cfg = GPT2Config(n_layer=2, n_embd=256, n_head=4, n_positions=256, vocab_size=8192)
+        cfg = GPT2Config(n_layer=2, n_embd=256, n_head=4, n_positions=256, vocab_size=8192,
+                         bos_token_id=8191, eos_token_id=8191)
         b, t = 4, 128
     else:  # GPT-2 small, 124M
         cfg = GPT2Config()
