@@ -36,7 +36,7 @@ def _models():
     return {
         "mlp": (MLP(d=32, blocks=2), lambda: torch.randn(8, 32)),
         "transformer_block": (TransformerBlock(d=32, heads=4), lambda: torch.randn(2, 8, 32)),
-        "convnet_bn": (SmallResNet(width=8), lambda: torch.randn(4, 3, 16, 16)),
+        "convnet_bn": (SmallResNet(width=8), lambda: torch.randn(2, 3, 12, 12)),
     }
 
 

@@ -116,7 +116,9 @@ class AOTCompiled:
             self._log("inference forward", fw_gm)
             t1 = time.perf_counter()
             events.emit("timing", stage="aot", seconds=t1 - t0, graph="inference")
-            return ForwardOnly(info, self._compile(fw_gm, detached))
+            runtime = ForwardOnly(info, self._compile(fw_gm, detached))
+            runtime.graph = fw_gm
+            return runtime
 
         joint, n_tangents = trace_joint(fn, tensors, rg, info, self._decomps)
         n_fwd = len(info.graph_out_flat) + len(info.mutated)
@@ -138,7 +140,9 @@ class AOTCompiled:
                     saved_bytes=part.saved_bytes)
         fw = self._compile(part.fw, detached)
         bw = self._compile(part.bw, _example_from_meta(part.bw))
-        return Training(info, fw, lambda: bw, rg, part.n_saved, tangent_meta)
+        runtime = Training(info, fw, lambda: bw, rg, part.n_saved, tangent_meta)
+        runtime.partition = part  # for inspection (tests, debugging)
+        return runtime
 
     def _log(self, what: str, gm: torch.fx.GraphModule) -> None:
         if enabled("aot"):

@@ -63,6 +63,7 @@ class ForwardOnly:
 
     info: GraphInfo
     fw: Callable[..., Any]
+    graph: Any = None  # the functional ATen forward graph (for inspection)
 
     def __call__(self, inputs: Sequence[torch.Tensor]) -> Any:
         outs = self.fw(*inputs)
@@ -77,6 +78,7 @@ class Training:
     def __init__(self, info: GraphInfo, fw: Callable[..., Any], bw_compile: Callable[..., Any],
                  requires_grad: Sequence[bool], n_saved: int, tangent_meta: list[Any]):
         self.info = info
+        self.partition: Any = None  # the Partition (forward/backward graphs), for inspection
         n_user = len(info.graph_out_flat)
         self.n_fwd = n_user + len(info.mutated)
         out_rg = list(info.graph_out_requires_grad) + list(info.mutated_requires_grad)
