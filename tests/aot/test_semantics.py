@@ -316,3 +316,15 @@ def test_new_example_inputs_same_shapes():
         fn(a2, b2)[0].sum().backward()
         assert_close(a.grad, a2.grad)
         assert_close(b.grad, b2.grad)
+
+
+def test_parameter_reaching_only_unused_output_gets_no_grad():
+    x, w1, w2 = _leafs((3, 4), (4, 4), (4, 4))
+    fn = lambda x, w1, w2: (x @ w1, (x @ w2).relu())  # noqa: E731
+    c = compile_fn(fn, [x, w1, w2])
+    c(x, w1, w2)[0].sum().backward()
+    assert w2.grad is None and w1.grad is not None and x.grad is not None
+    xe, w1e = x.detach().clone().requires_grad_(), w1.detach().clone().requires_grad_()
+    fn(xe, w1e, w2.detach())[0].sum().backward()
+    assert_close(w1.grad, w1e.grad)
+    assert_close(x.grad, xe.grad)

@@ -134,13 +134,14 @@ class AOTCompiled:
             if n.op != "placeholder":
                 break
             v = n.meta["val"]
-            tangent_meta.append((tuple(v.shape), tuple(v.stride()), v.dtype))
+            tangent_meta.append((tuple(v.shape), tuple(v.stride()), v.dtype, v.device))
         t1 = time.perf_counter()
         events.emit("timing", stage="aot", seconds=t1 - t0, graph="training",
                     saved_bytes=part.saved_bytes)
         fw = self._compile(part.fw, detached)
         bw = self._compile(part.bw, _example_from_meta(part.bw))
-        runtime = Training(info, fw, lambda: bw, rg, part.n_saved, tangent_meta)
+        runtime = Training(info, fw, lambda: bw, rg, part.n_saved, tangent_meta,
+                           part.grad_tangent_deps)
         runtime.partition = part  # for inspection (tests, debugging)
         return runtime
 

@@ -77,6 +77,8 @@ class Partition:
     n_saved: int
     saved_names: list[str]
     saved_bytes: int
+    # per gradient output: the tangent positions it depends on (all None -> gradient is None)
+    grad_tangent_deps: list[frozenset[int]] = dataclasses.field(default_factory=list)
 
 
 class _FlowGraph:
@@ -170,10 +172,13 @@ def partition_joint(joint: fx.GraphModule, n_primals: int, n_fwd_outs: int,
     fwd_outs, grad_outs = outs[:n_fwd_outs], outs[n_fwd_outs:]
     order = {n: i for i, n in enumerate(g.nodes)}
 
-    tangent_dep: set[fx.Node] = set(tangents)
+    deps: dict[fx.Node, frozenset[int]] = {t: frozenset([i]) for i, t in enumerate(tangents)}
     for n in g.nodes:
-        if n.op == "call_function" and any(a in tangent_dep for a in n.all_input_nodes):
-            tangent_dep.add(n)
+        if n.op == "call_function":
+            d = frozenset().union(*[deps.get(a, frozenset()) for a in n.all_input_nodes])
+            if d:
+                deps[n] = d
+    tangent_dep: set[fx.Node] = set(deps)
 
     bw_needs: set[fx.Node] = set()  # forward values the backward reads directly
     for n in _ancestors([o for o in grad_outs if isinstance(o, fx.Node)]):
@@ -212,7 +217,9 @@ def partition_joint(joint: fx.GraphModule, n_primals: int, n_fwd_outs: int,
 
     fw = _build_forward(joint, primals, fwd_outs, saved, tangent_dep, mutated_primals)
     bw = _build_backward(joint, saved, tangents, grad_outs)
-    return Partition(fw, bw, len(saved), [n.name for n in saved], saved_bytes(saved))
+    grad_deps = [deps.get(o, frozenset()) if isinstance(o, fx.Node) else frozenset()
+                 for o in grad_outs]
+    return Partition(fw, bw, len(saved), [n.name for n in saved], saved_bytes(saved), grad_deps)
 
 
 def _ancestors(roots: list[fx.Node]) -> set[fx.Node]:

@@ -76,7 +76,8 @@ class Training:
     """Training: forward and backward graphs inside an ``autograd.Function``."""
 
     def __init__(self, info: GraphInfo, fw: Callable[..., Any], bw_compile: Callable[..., Any],
-                 requires_grad: Sequence[bool], n_saved: int, tangent_meta: list[Any]):
+                 requires_grad: Sequence[bool], n_saved: int, tangent_meta: list[Any],
+                 grad_deps: Sequence[frozenset[int]]):
         self.info = info
         self.partition: Any = None  # the Partition (forward/backward graphs), for inspection
         n_user = len(info.graph_out_flat)
@@ -97,6 +98,7 @@ class Training:
                 outs = fw(*inputs)
                 fwd, saved = outs[:runtime.n_fwd], outs[runtime.n_fwd:runtime.n_fwd + n_saved]
                 ctx.save_for_backward(*saved)
+                ctx.set_materialize_grads(False)
                 ctx.mark_non_differentiable(*[fwd[k] for k in runtime.nondiff_outs])
                 return tuple(fwd)
 
@@ -110,17 +112,25 @@ class Training:
                         "level='torch' backend such as 'eager').")
                 saved = ctx.saved_tensors
                 tangents = []
-                for k, meta in zip(runtime.diff_outs, tangent_meta):
+                present = set()
+                for j, (k, meta) in enumerate(zip(runtime.diff_outs, tangent_meta)):
                     g = grads[k]
-                    if g.stride() != meta[1] or g.dtype != meta[2]:
-                        g = g.to(meta[2]).contiguous()  # traced tangents are contiguous
+                    if g is None:  # output unused in the loss
+                        g = torch.zeros(meta[0], dtype=meta[2], device=meta[3])
+                    else:
+                        present.add(j)
+                        if g.stride() != meta[1] or g.dtype != meta[2]:
+                            g = g.to(meta[2]).contiguous()  # traced tangents are contiguous
                     tangents.append(g)
+                if not present:
+                    return (None,) * n_inputs
                 if runtime._bw is None:
                     runtime._bw = runtime._bw_compile()
                 gin = runtime._bw(*saved, *tangents)
                 result: list[Any] = [None] * n_inputs
-                for i, g in zip(runtime.rg_idx, gin):
-                    result[i] = g
+                for i, g, d in zip(runtime.rg_idx, gin, grad_deps):
+                    # as in eager, no gradient for inputs reaching only outputs unused in the loss
+                    result[i] = g if d & present else None
                 return tuple(result)
 
         self.fn = CompiledFunction
