@@ -197,8 +197,42 @@ def _set_grad(tr: Any, mode: bool) -> None:
 
 
 def construct(tr: Any, cls: type, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    import collections
+    import functools
+    import itertools
     if cls in (list, tuple, set, frozenset, dict):
         return _BUILTIN_HANDLERS[cls](tr, args, kwargs)
+    if cls in (torch.finfo, torch.iinfo):
+        c = _consts(args, kwargs)
+        if c is not None:
+            return ConstVar(cls(*c[0], **c[1]))
+    if cls is types.SimpleNamespace:
+        obj = DataclassVar(cls, dict(kwargs))
+        obj.plain = True  # type: ignore[attr-defined]
+        return obj
+    if cls in (collections.OrderedDict, collections.defaultdict):
+        factory = None
+        if cls is collections.defaultdict:
+            factory = args[0] if args else None
+            args = args[1:]
+        d = _dict(tr, args, kwargs)
+        d.cls = cls  # type: ignore[attr-defined]
+        d.default_factory = factory  # type: ignore[attr-defined]
+        return d
+    if cls is functools.partial:
+        from .variables import PartialVar
+        return PartialVar(args[0], list(args[1:]), dict(kwargs))
+    if cls is itertools.repeat:
+        if len(args) < 2 and "times" not in kwargs:
+            raise Unsupported("itertools.repeat without a count")
+        n = (args[1] if len(args) > 1 else kwargs["times"]).as_const()
+        return IteratorVar([args[0]] * n)
+    if cls is itertools.chain:
+        return IteratorVar([i for a in args for i in tr.iterate(a)])
+    if cls is itertools.islice:
+        items = tr.iterate(args[0])
+        bounds = [a.as_const() for a in args[1:]]
+        return IteratorVar(items[slice(*bounds)])
     if issubclass(cls, torch.nn.Module):
         raise Unsupported(f"creating the module {cls.__name__} inside a compiled region",
                           hint="create modules in __init__, not in forward")
@@ -434,7 +468,11 @@ def getitem(tr: Any, obj: Var, idx: Var) -> Var:
     if isinstance(obj, DictVar):
         k = _hashable(idx)
         if k not in obj.items:
-            raise Unsupported(f"key {k!r} not in dict (KeyError)")
+            factory = getattr(obj, "default_factory", None)
+            if factory is None:
+                raise Unsupported(f"key {k!r} not in dict (KeyError)")
+            obj.items[k] = tr.call(factory, [], {})
+            _mark_mutated(tr, obj)
         return obj.items[k]
     if isinstance(obj, ConstVar):
         try:
@@ -449,8 +487,12 @@ def getitem(tr: Any, obj: Var, idx: Var) -> Var:
         if isinstance(m, (torch.nn.Sequential, torch.nn.ModuleList)):
             keys = list(m._modules.keys())
             if isinstance(key, slice):
-                return ListVar([tr.wrap(m._modules[k], f"{obj.source}._modules[{k!r}]")
-                                for k in keys[key]], cls=list)
+                # A real slice (a new Sequential/ModuleList sharing the children), guarded on
+                # the children it holds.
+                for k in keys[key]:
+                    tr.out.guards.add(f"{obj.source}._modules[{k!r}] is "
+                                      f"{tr.out.ns(m._modules[k], type(m._modules[k]).__name__)}")
+                return tr.wrap(m[key], None)
             k = keys[key]
             return tr.wrap(m._modules[k], f"{obj.source}._modules[{k!r}]")
         if isinstance(m, torch.nn.ParameterList):
@@ -602,6 +644,8 @@ def _getattr(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
             return tr.getattr(obj, name)
         except Unsupported:
             if _hasattr_static(obj, name) is False:
+                if isinstance(obj, (ObjectVar, NNModuleVar)) and obj.source is not None:
+                    tr.out.guards.add(f"not hasattr({obj.source}, {name!r})")
                 return args[2]
             raise
     return tr.getattr(obj, name)
@@ -701,6 +745,15 @@ def _minmax(fn: Any) -> Any:
     def handler(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
         items = args if len(args) > 1 else tr.iterate(args[0])
         if kwargs:
+            key = kwargs.get("key")
+            if key is not None and not (isinstance(key, ConstVar) and key.value is None):
+                keys = [tr.call(key, [i], {}).as_const() for i in items]
+                if not items:
+                    if "default" in kwargs:
+                        return kwargs["default"]
+                    raise Unsupported(f"{fn.__name__}() of an empty sequence")
+                best = fn(range(len(items)), key=lambda j: keys[j])
+                return items[best]
             c = _consts(items, {})
             if c is None:
                 raise Unsupported(f"{fn.__name__}() with key= over non-constants")
@@ -794,6 +847,12 @@ def _filter(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
 
 def _sorted(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
     items = tr.iterate(args[0])
+    key = kwargs.get("key")
+    if key is not None and not (isinstance(key, ConstVar) and key.value is None):
+        keys = [tr.call(key, [i], {}).as_const() for i in items]
+        rev = kwargs.get("reverse", ConstVar(False)).as_const()
+        order = sorted(range(len(items)), key=lambda j: keys[j], reverse=rev)
+        return ListVar([items[j] for j in order])
     c = _consts(items, kwargs)
     if c is None:
         raise Unsupported("sorted() of non-constants")
@@ -868,7 +927,15 @@ def _math_fn(tr: Any, fn: Any, args: list[Var]) -> Var:
     return ConstVar(fn(*[a.as_const() for a in args]))
 
 
+def _vars(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    (v,) = args
+    if isinstance(v, DataclassVar):
+        return DictVar(dict(v.fields))
+    raise Unsupported(f"vars() of {v.describe()}")
+
+
 _BUILTIN_HANDLERS: dict[Any, Any] = {
+    vars: _vars,
     len: _len, isinstance: _isinstance, getattr: _getattr, hasattr: _hasattr, range: _range,
     enumerate: _enumerate, zip: _zip, reversed: _reversed, list: _list, tuple: _tuple,
     set: _set, frozenset: _frozenset, dict: _dict, min: _minmax(min), max: _minmax(max),

@@ -196,6 +196,15 @@ def _dict_method(tr: Any, obj: DictVar, name: str, args: list[Var], kwargs: dict
     elif name == "__setitem__":
         items[_hashable(args[0])] = args[1]
         v = ConstVar(None)
+    elif name == "move_to_end":
+        k = _hashable(args[0])
+        last = (args[1] if len(args) > 1 else kwargs.get("last", ConstVar(True))).as_const()
+        v = items.pop(k)
+        if last:
+            items[k] = v
+        else:
+            obj.items = {k: v, **items}
+        v = ConstVar(None)
     elif name == "popitem":
         k, v = items.popitem()
         v = TupleVar([ConstVar(k), v])

@@ -160,10 +160,15 @@ def _convert(fn: Callable[..., Any], args: tuple, kwargs: dict, backend: Any,
         elif kind == "global":
             name, value = payload
             last_store[(0, name)] = (None, name, value)
+        elif kind == "cell":
+            cell, value = payload
+            last_store[(id(cell), "cell_contents")] = (cell, "cell_contents", value)
     for obj, name, value in last_store.values():
         t = snapshot(rec.expr(value))
         if obj is None:
             assigns.append(f"___G[{name!r}] = {t}")
+        elif isinstance(obj, CellVar):
+            assigns.append(f"{obj.source}.cell_contents = {t}")
         elif isinstance(obj, (NNModuleVar, ObjectVar)):
             assigns.append(f"{obj.source}.{name} = {t}")
     body = rec.lines + pre + assigns + tail

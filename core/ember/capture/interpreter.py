@@ -31,7 +31,7 @@ from .variables import (AutocastVar, BoundMethodVar, BuiltinVar, CellVar, ClassV
                         ContainerMethodVar, DataclassVar, DictVar, ExitVar, FunctionVar,
                         GeneratorResultVar, GradModeVar, IteratorVar, ListVar, NestedFunctionVar,
                         NNModuleVar, NullVar, ObjectVar, PyModuleVar, SetVar, SuperVar,
-                        TensorMethodVar, TensorVar, TupleVar, Var)
+                        TensorMethodVar, TensorVar, TupleVar, Var, PartialVar)
 
 log = logging.getLogger("ember.capture")
 
@@ -60,6 +60,17 @@ class BreakHere(Exception):
 class _Return(Exception):
     def __init__(self, value: Var):
         self.value = value
+
+
+def _plain_object(value: Any) -> bool:
+    """Instances of ordinary Python classes (dataclasses, SimpleNamespace, user classes)."""
+    t = type(value)
+    if t is types.SimpleNamespace or dataclasses.is_dataclass(value):
+        return True
+    return (type(t) is type and t.__module__ not in ("builtins",) and
+            hasattr(value, "__dict__") and not callable(value) and
+            inspect.getattr_static(t, "__getattr__", None) is None and
+            inspect.getattr_static(t, "__getattribute__", None) is object.__getattribute__)
 
 
 def _is_namedtuple_cls(cls: type) -> bool:
@@ -201,7 +212,11 @@ class Tracer:
                 return BoundMethodVar(FunctionVar(inner, None), self.wrap(value.bound_self, None))
             g(f"({source}) is {out.ns(value, 'compiled')}")
             return FunctionVar(inner, None)
-        g(f"({source}) is {out.ns(value, type(value).__name__)}")
+        if _plain_object(value):
+            # Attribute reads are guarded one by one, so any instance of the class will do.
+            g(f"type({source}) is {out.ns(t, t.__name__)}")
+        else:
+            g(f"({source}) is {out.ns(value, type(value).__name__)}")
         return ObjectVar(value, source)
 
     # =========================================================================================
@@ -330,9 +345,19 @@ class Tracer:
                 raise Unsupported("reading Tensor.grad inside a compiled region")
             if name == "__class__":
                 return ClassVar(obj.cls, None)
-            if hasattr(torch.Tensor, name):
+            static = inspect.getattr_static(torch.Tensor, name, None)
+            if static is None:
+                raise Unsupported(f"unknown tensor attribute {name!r}")
+            if callable(static) and not isinstance(static, property):
                 return TensorMethodVar(obj, name)
-            raise Unsupported(f"unknown tensor attribute {name!r}")
+            try:
+                value = getattr(obj.fake, name)
+            except Exception as e:
+                raise Unsupported(f"tensor attribute {name!r}: {type(e).__name__}: {e}")
+            if isinstance(value, torch.Tensor):
+                return self.graph_call("call_function", getattr, [obj, ConstVar(name)], {},
+                                       getattr)
+            return self.const_result(value)
         if isinstance(obj, NNModuleVar):
             return self.module_getattr(obj, name)
         if isinstance(obj, ObjectVar):
@@ -534,6 +559,8 @@ class Tracer:
         if isinstance(fn, ExitVar):
             fn.restore()
             return ConstVar(None)
+        if isinstance(fn, PartialVar):
+            return self.call(fn.fn, [*fn.args, *args], {**fn.kwargs, **kwargs})
         if isinstance(fn, (BuiltinVar, ClassVar)):
             from .builtins import call_builtin
             return call_builtin(self, fn.value, args, kwargs)
@@ -1062,8 +1089,7 @@ class Frame:
         if cell is None:
             cell = self.cells[ins.argval] = CellVar(v)
         if cell.real_cell is not None:
-            raise Unsupported(f"assignment to a closure variable {ins.argval!r} of an outer "
-                              "function (nonlocal) outside the compiled region")
+            self.tracer.out.side_effects.append(("cell", (cell, v)))
         cell.value = v
 
     def DELETE_DEREF(self, ins):

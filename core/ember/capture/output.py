@@ -4,6 +4,7 @@ generation of the entry function (readable Python) that runs it.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import types
@@ -18,7 +19,8 @@ from ..exc import Unsupported
 from .variables import (BoundMethodVar, BuiltinVar, CellVar, ClassVar, ConstVar,
                         ContainerMethodVar, DataclassVar, DictVar, ExitVar, FunctionVar,
                         GeneratorResultVar, IteratorVar, ListVar, NestedFunctionVar, NNModuleVar,
-                        ObjectVar, PyModuleVar, SetVar, TensorMethodVar, TensorVar, TupleVar, Var)
+                        ObjectVar, PartialVar, PyModuleVar, SetVar, TensorMethodVar, TensorVar,
+                        TupleVar, Var)
 
 
 class GradRestore:
@@ -233,8 +235,18 @@ class Reconstructor:
             inner = ", ".join(f"{self.key_expr(k)}: {self.expr(val)}" for k, val in v.items.items())
             if v.cls is dict:
                 return "{" + inner + "}"
+            factory = getattr(v, "default_factory", None)
+            if factory is not None:
+                return f"{out.ns(v.cls, v.cls.__name__)}({self.expr(factory)}, {{{inner}}})"
             return f"{out.ns(v.cls, v.cls.__name__)}({{{inner}}})"
+        if isinstance(v, PartialVar):
+            parts = [self.expr(v.fn)] + [self.expr(a) for a in v.args] + [
+                f"{k}={self.expr(a)}" for k, a in v.kwargs.items()]
+            return f"{out.ns(functools.partial, 'partial')}({', '.join(parts)})"
         if isinstance(v, DataclassVar):
+            if v.cls is types.SimpleNamespace:
+                inner = ", ".join(f"{k}={self.expr(val)}" for k, val in v.fields.items())
+                return f"{out.ns(v.cls, 'SimpleNamespace')}({inner})"
             if getattr(v, "plain", False):
                 inner = ", ".join(f"{k!r}: {self.expr(val)}" for k, val in v.fields.items())
                 return f"___mkobj({out.ns(v.cls, v.cls.__name__)}, {{{inner}}})"

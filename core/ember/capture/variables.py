@@ -419,3 +419,17 @@ class GeneratorResultVar(Var):
 
     def __init__(self, items: list[Var]):
         self.items = items
+
+
+class PartialVar(Var):
+    """functools.partial created while tracing."""
+
+    def __init__(self, fn: Var, args: list[Var], kwargs: dict[str, Var]):
+        self.fn = fn
+        self.args = args
+        self.kwargs = kwargs
+        self.source = None
+
+    def python_type(self) -> type:
+        import functools
+        return functools.partial
