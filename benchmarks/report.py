@@ -153,9 +153,11 @@ def _plot(rows: list[Row], title: str, path: Path) -> str | None:
         xs = [m_i + (i - (len(backends) - 1) / 2) * width for m_i in range(len(models))]
         sp = [getattr(by.get((m, b)), "speedup", None) or 0.0 for m in models]
         cc = [getattr(by.get((m, b)), "cold_compile_s", None) or 0.0 for m in models]
-        ax1.bar(xs, sp, width, label=b)
-        if b != "eager":
-            ax2.bar(xs, cc, width, label=b)
+        style = {"color": f"C{i % 10}", "hatch": "//" if b.startswith("ember-") else None,
+                 "edgecolor": "white"}
+        ax1.bar(xs, sp, width, label=b, **style)
+        if b != "eager":  # same colour per backend in both panels
+            ax2.bar(xs, cc, width, label=b, **style)
     for ax in (ax1, ax2):
         ax.set_xticks(range(len(models)))
         ax.set_xticklabels(models, rotation=20)
