@@ -328,3 +328,17 @@ def test_parameter_reaching_only_unused_output_gets_no_grad():
     fn(xe, w1e, w2.detach())[0].sum().backward()
     assert_close(w1.grad, w1e.grad)
     assert_close(x.grad, xe.grad)
+
+
+def test_non_tensor_input_is_baked_in():
+    import torch.fx as fx
+    from ember.aot import aot_compile
+    from aot_util import aot_eager_backend
+
+    gm = fx.symbolic_trace(lambda x, n: (x * n + 1,))
+    x, = _leafs((4,))
+    c = aot_compile(gm, [x, 3], backend=aot_eager_backend(), options={})
+    out = c(x, 3)[0]
+    assert_close(out, x * 3 + 1)
+    out.sum().backward()
+    assert_close(x.grad, torch.full((4,), 3.0))
