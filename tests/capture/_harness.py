@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import io
 import logging
 import math
 import random
@@ -337,21 +338,25 @@ class Record:
 
 def run_program(prog: Program, wrap: Callable[[Any], Any] | None = None,
                 observe: Callable[[int, Call], dict] | None = None,
-                built: Built | None = None, limit: int | None = None) -> list[Record]:
+                built: Built | None = None, limit: int | None = None,
+                stdout: bool = False) -> list[Record]:
     """Build ``prog`` (unless ``built`` is given), optionally wrap its callable (compile it), run
     every call and return one frozen Record per call. ``observe(i, call)`` runs after call i."""
     built = built if built is not None else build(prog)
     fn = built.fn if wrap is None else wrap(built.fn)
     records = []
     for i, call in enumerate(built.calls[:limit]):
-        out = invoke(fn, call)
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf) if stdout else contextlib.nullcontext():
+            out = invoke(fn, call)
         if prog.backward:
             run_backward(out)
         records.append(Record(
             out=freeze(out), args=freeze((call.args, call.kwargs)),
             state=freeze(snapshot_state(built)), grads=freeze(input_grads(call.args)),
             ident=identity_map(out, call.args),
-            extra=observe(i, call) if observe is not None else {}))
+            extra=dict(observe(i, call) if observe is not None else {},
+                       **({"stdout": buf.getvalue()} if stdout else {}))))
     return records
 
 

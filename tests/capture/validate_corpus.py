@@ -26,9 +26,10 @@ def main() -> int:
         if pat not in name:
             continue
         try:
-            ref = run_program(prog)
-            ref2 = run_program(prog)
+            ref = run_program(prog, stdout=True)
+            ref2 = run_program(prog, stdout=True)
             compare_records(ref2, ref)
+            assert [r.extra for r in ref] == [r.extra for r in ref2]
         except Exception:
             bad += 1
             print(f"EAGER  {name}: {traceback.format_exc(limit=3)}")
@@ -37,11 +38,14 @@ def main() -> int:
             torch._dynamo.reset()
             be = CountingBackend()
             got = run_program(prog, wrap=lambda f: torch.compile(f, backend=be, dynamic=False),
-                              observe=lambda i, c: {"graphs": len(be.graphs)})
+                              observe=lambda i, c: {"graphs": len(be.graphs)}, stdout=True)
             compare_records(got, ref)
+            so = [r.extra["stdout"] for r in got]
+            assert so == [r.extra["stdout"] for r in ref], f"stdout {so}"
+            gb = sum(torch._dynamo.utils.counters["graph_break"].values())
             first = got[0].extra["graphs"]
             print(f"ok     {name}: first={first} {be.node_counts()[:first]} "
-                  f"graphs={len(be.graphs)} nodes={be.node_counts()}")
+                  f"graphs={len(be.graphs)} nodes={be.node_counts()} breaks={gb}")
         except Exception as e:
             bad += 1
             print(f"TORCH  {name}: {type(e).__name__}: {str(e)[:300]}")
