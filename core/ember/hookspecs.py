@@ -29,10 +29,12 @@ __all__ = ["hookspec", "hookimpl", "ember_backends", "ember_graph_passes", "embe
 def ember_backends() -> list["Backend"]:
     """Declare the backends this plugin provides.
 
-    Called once, the first time a backend of this plugin is looked up (``compile(...,
-    backend=name)``) or ``list_backends()`` needs details beyond names. Return a list of
-    :class:`ember.Backend`. All results are collected; two plugins declaring the same name is an
-    error that names both distributions.
+    Called once per plugin, right after its module is imported: the first time any backend is
+    looked up (``compile(..., backend=name)``) or backends are listed (``list_backends()``,
+    ``python -m ember backends``). Return a list of :class:`ember.Backend`. All plugins' results
+    are collected; a name declared by two plugins cannot be used, and asking for it raises
+    :class:`ember.BackendConflict` naming both distributions. Keep the module that defines this
+    hook light: import heavy machinery inside ``Backend.compile``.
     """
 
 
@@ -47,7 +49,8 @@ def ember_graph_passes(stage: str) -> list[Callable[..., Any]]:
     ``stage`` is ``"torch"`` (right after capture, before the backend sees the graph) or
     ``"aten"`` (after AOT autograd, on the forward and backward graphs). A pass is called as
     ``pass_(gm: torch.fx.GraphModule) -> GraphModule | None``; returning None means it mutated
-    ``gm`` in place. All results are collected and run in plugin registration order.
+    ``gm`` in place. Called once per graph compiled. All plugins' results are collected and the
+    passes run in plugin registration order, each on the previous one's output.
     """
 
 
