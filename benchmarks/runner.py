@@ -174,6 +174,7 @@ def _run_model(name: str, cfg: RunConfig, avail: dict[str, str | None],
     modules: dict[str, torch.nn.Module] = {}
     steps: dict[str, Callable[[], Any]] = {}
     fp32: list[Any] | None = None
+    out: Any = None
     for b in cfg.backends:  # eager first: resolve() puts it there
         row = rows[b]
         if avail[b] is not None:

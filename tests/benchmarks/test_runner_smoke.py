@@ -75,3 +75,19 @@ def test_accuracy_rule() -> None:
     assert not bad.ok and bad.how.startswith("FAIL")
     assert not compare([fp32[0][:50]], fp32, ref64, 1e-3).ok  # shape mismatch
     assert compare([torch.tensor([1, 2])], [torch.tensor([1, 2])], [torch.tensor([1, 2])], 1e-3).ok
+
+
+def test_append_merges_by_model_and_backend() -> None:
+    from benchmarks.report import merge_results
+    from benchmarks.runner import Row
+
+    def res(rows: list[Row], cmd: str) -> dict:
+        return {"stem": "cpu-infer", "commands": [cmd], "overhead": {},
+                "rows": [r.__dict__ | {} for r in rows]}
+
+    old = res([Row("mlp", "eager", median_ms=1.0), Row("mlp", "ember-eager", median_ms=2.0)], "a")
+    new = res([Row("mlp", "ember-eager", median_ms=3.0), Row("gpt2", "eager", median_ms=4.0)], "b")
+    merged = merge_results(old, new)
+    got = [(r["model"], r["backend"], r["median_ms"]) for r in merged["rows"]]
+    assert got == [("mlp", "eager", 1.0), ("mlp", "ember-eager", 3.0), ("gpt2", "eager", 4.0)]
+    assert merged["commands"] == ["a", "b"]
