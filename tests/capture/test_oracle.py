@@ -3,8 +3,10 @@
 Per program, on the first call: how many graphs each system captured and how many torch-level
 calls (call_function / call_method / call_module nodes) each graph holds. Every difference is
 listed in the "capture oracle" table of the terminal summary. Where torch.compile captured exactly
-one graph, Ember must capture exactly one, with the same number of calls unless the program is in
-NODE_TOLERANCE (each entry says why the counts may legitimately differ).
+one graph, Ember must capture exactly one; where that graph is all of the program (torch reported
+no graph break), it must hold the same number of calls unless the program is in NODE_TOLERANCE
+(each entry says why the counts may legitimately differ). Where torch broke the graph, its one
+graph is only part of the program and the node counts are reported, not compared.
 
 torch.compile runs with dynamic=False so that both sides specialise shapes the same way.
 """
@@ -16,6 +18,7 @@ import collections
 import pytest
 import torch
 import torch._dynamo
+import torch._dynamo.utils
 
 import ember
 import ember.events
@@ -32,6 +35,9 @@ NODE_TOLERANCE: dict[str, str] = {
     "ct_dict_comprehension": "dead value x * 0 (key k0 never read) eliminated by Ember",
     "ct_dict_methods": "dead value x * 100 (setdefault default never used) eliminated by Ember",
     "ct_local_list_mutation": "dead value x * 2 (deleted list element) eliminated by Ember",
+    "ct_defaultdict_local": "dead value x * 1 (only len(d[1]) is read) eliminated by Ember",
+    # torch.compile records a logging call of nn.Module.__init__ (slicing a Sequential builds one).
+    "mod_sequential_index_slice": "torch's graph holds torch._C._log_api_usage_once",
 }
 
 #: Programs where Ember may capture no graph although torch.compile captures one.
@@ -40,7 +46,8 @@ GRAPH_TOLERANCE: dict[str, str] = {
     "mod_forward_pre_hook": "issue 3 allows a fallback when module hooks cannot be honoured",
 }
 
-HEADER = ["program", "torch graphs", "ember graphs", "torch nodes", "ember nodes", "op diff"]
+HEADER = ["program", "torch graphs", "torch breaks", "ember graphs", "torch nodes", "ember nodes",
+          "op diff"]
 
 
 def _first_call(prog, wrap):  # noqa: ANN001, ANN202
@@ -60,8 +67,10 @@ def _op_diff(tg, eg) -> str:  # noqa: ANN001
 def test_oracle_counts(name: str) -> None:
     prog = PROGRAMS[name]
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
     tg = _first_call(prog, lambda f, be: torch.compile(f, backend=be, fullgraph=False,
                                                         dynamic=False))
+    t_breaks = sum(torch._dynamo.utils.counters["graph_break"].values())
     torch._dynamo.reset()
     ember.reset()
     eg = _first_call(prog, lambda f, be: ember.compile(f, backend=be))
@@ -71,12 +80,12 @@ def test_oracle_counts(name: str) -> None:
                                                      "call_module")]) for g in eg]
     differ = len(tg) != len(eg) or tn != en
     _report.add_row("capture oracle", HEADER,
-                    [name, len(tg), len(eg), tn, en, _op_diff(tg, eg) if differ else ""])
+                    [name, len(tg), t_breaks, len(eg), tn, en, _op_diff(tg, eg) if differ else ""])
     if len(tg) == 1:
         if name in GRAPH_TOLERANCE and len(eg) == 0:
             return
         assert len(eg) == 1, (f"{name}: torch.compile captured 1 graph, Ember {len(eg)} "
                               f"(nodes per graph: {en})")
-        if name not in NODE_TOLERANCE:
+        if name not in NODE_TOLERANCE and t_breaks == 0:
             assert en == tn, (f"{name}: torch-level calls differ: torch {tn}, Ember {en}: "
                               f"{_op_diff(tg, eg)}")
