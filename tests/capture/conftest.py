@@ -6,6 +6,6 @@ import pytest
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     from capture import _report
 
-    for name in sorted(_report.TABLES):
-        terminalreporter.write_sep("=", name)
-        terminalreporter.write_line(_report.render(name))
+    if _report.TABLES.get("capture oracle"):
+        terminalreporter.write_sep("=", "capture oracle")
+        terminalreporter.write_line(_report.render("capture oracle"))
