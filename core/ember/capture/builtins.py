@@ -115,6 +115,16 @@ def call_builtin(tr: Any, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> V
         real_args = [real_value(a) for a in args]
         real_kw = {k: real_value(a) for k, a in kwargs.items()}
         return tr.wrap(fn(*real_args, **real_kw), None)
+    # --- unbound methods of builtin types called on symbolic containers/constants -------------------
+    if isinstance(fn, types.MethodDescriptorType) and args and fn.__objclass__ in (
+            list, dict, set, tuple, str, int, float, bytes, frozenset):
+        first = args[0]
+        owner = fn.__objclass__
+        if (isinstance(first, (ListVar, DictVar, SetVar, TupleVar)) and
+                issubclass(first.python_type(), owner)) or (
+                isinstance(first, ConstVar) and isinstance(first.value, owner)):
+            from .containers import call_container_method
+            return call_container_method(tr, first, fn.__name__, args[1:], kwargs)
     # --- read-only methods of builtin containers, called on a real object (dict subclasses...) ----
     if isinstance(fn, types.MethodDescriptorType) and fn.__name__ in _READONLY_METHODS and \
             args and isinstance(args[0], ObjectVar) and isinstance(args[0].value, fn.__objclass__):
@@ -172,6 +182,22 @@ def call_builtin(tr: Any, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> V
 
 _READONLY_METHODS = {"get", "keys", "values", "items", "__getitem__", "__contains__", "__len__",
                      "index", "count"}
+
+
+def copy_var(tr: Any, v: Var, deep: bool) -> Var:
+    """copy.copy / copy.deepcopy of containers of tensors and constants."""
+    if isinstance(v, TensorVar):
+        return tr.call_tensor_method(v, "clone", [], {}) if deep else v
+    if isinstance(v, ConstVar):
+        return v
+    if isinstance(v, ListVar):
+        return ListVar([copy_var(tr, i, deep) if deep else i for i in v.items])
+    if isinstance(v, TupleVar):
+        return TupleVar([copy_var(tr, i, deep) if deep else i for i in v.items], cls=v.cls)
+    if isinstance(v, DictVar):
+        return DictVar({k: copy_var(tr, i, deep) if deep else i for k, i in v.items.items()},
+                       cls=v.cls)
+    raise Unsupported(f"copy of {v.describe()}")
 
 
 def real_value(v: Var) -> Any:

@@ -76,6 +76,9 @@ def convert_frame(fn: Callable[..., Any], args: tuple, kwargs: dict, *, backend:
         if fullgraph or bp is None:
             raise
         first = e
+    if _inside_loop(fn.__code__, bp[0]):
+        raise Unsupported(f"graph break inside a loop ({first.reason}); the frame runs "
+                          "eagerly, as torch.compile does", where=first.where) from first
     try:
         return _convert(fn, args, kwargs, backend, options, bp, first)
     except Unsupported as e2:
@@ -83,6 +86,16 @@ def convert_frame(fn: Callable[..., Any], args: tuple, kwargs: dict, *, backend:
             raise first
         log.debug("graph break could not be resumed: %s", e2)
         raise first from e2
+
+
+def _inside_loop(code: types.CodeType, index: int) -> bool:
+    from .interpreter import _instructions
+    ins = _instructions(code)
+    at = ins[index].offset
+    for i in ins[index:]:
+        if i.opname.startswith("JUMP_BACKWARD") and isinstance(i.argval, int) and i.argval <= at:
+            return True
+    return False
 
 
 def _convert(fn: Callable[..., Any], args: tuple, kwargs: dict, backend: Any,
@@ -122,6 +135,12 @@ def _convert(fn: Callable[..., Any], args: tuple, kwargs: dict, backend: Any,
     except BreakHere as b:
         broke, result = b, None
         break_grad = torch.is_grad_enabled()
+        # Close the graph's open `with` regions (innermost first): the entry re-opens them in
+        # Python around the break, so every graph leaves global state as it found it.
+        from .variables import ExitVar
+        for v in reversed(b.frame.stack):
+            if isinstance(v, ExitVar):
+                v.restore()
     finally:
         torch._C._set_grad_enabled(grad)
 
@@ -219,7 +238,7 @@ def _stack_arg(rec: Reconstructor, snapshot: Callable[[str], str], v: Var) -> tu
     if isinstance(v, NullVar):
         return resume_mod.STACK_NULL, ""
     if isinstance(v, (IteratorVar, GeneratorResultVar)):
-        items = v.remaining() if isinstance(v, IteratorVar) else v.items
+        items = v.items[v.index:] if isinstance(v, IteratorVar) else v.items
         return resume_mod.STACK_ITER, snapshot("[" + ", ".join(rec.expr(i) for i in items) + "]")
     return resume_mod.STACK_PLAIN, snapshot(rec.expr(v))
 
@@ -257,6 +276,27 @@ def _resume_call(fn: Any, frame: Frame, rec: Reconstructor, snapshot: Callable[[
     return f"{name}({', '.join(local_exprs + stack_exprs + extra)})"
 
 
+def _user_code(f: types.FunctionType) -> bool:
+    """Code Ember compiles as its own frame at a break (not torch's, not the standard library's
+    modules that Ember never traces)."""
+    from . import rules
+    mod = getattr(f, "__module__", "") or ""
+    return not mod.startswith("torch") and not rules.is_skipped_module(mod)
+
+
+class _CompileCall:
+    """Calls a function created at run time (a lambda, a nested def) through Ember."""
+
+    def __init__(self, backend: Any, options: dict[str, Any]):
+        self.backend, self.options = backend, options
+
+    def __call__(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        from .frame import CompiledFunction
+        if not isinstance(fn, types.FunctionType):
+            return fn(*args, **kwargs)
+        return CompiledFunction(fn, self.backend, self.options)(*args, **kwargs)
+
+
 def _callee(fn_var: Var, rec: Reconstructor, backend: Any, options: dict[str, Any]
             ) -> tuple[str, list[str]]:
     """The callable to use at a call that broke the graph, plus leading arguments. User
@@ -264,12 +304,21 @@ def _callee(fn_var: Var, rec: Reconstructor, backend: Any, options: dict[str, An
     from .frame import CompiledFunction, is_disabled
     out = rec.out
     if isinstance(fn_var, FunctionVar) and isinstance(fn_var.value, types.FunctionType) and \
-            not is_disabled(fn_var.value) and not fn_var.value.__module__.startswith("torch"):
+            not is_disabled(fn_var.value) and _user_code(fn_var.value):
         return out.ns(CompiledFunction(fn_var.value, backend, options), "compiled_fn"), []
     if isinstance(fn_var, BoundMethodVar) and isinstance(fn_var.fn, FunctionVar) and \
-            isinstance(fn_var.fn.value, types.FunctionType) and not is_disabled(fn_var.fn.value):
+            isinstance(fn_var.fn.value, types.FunctionType) and \
+            not is_disabled(fn_var.fn.value) and _user_code(fn_var.fn.value):
         cf = CompiledFunction(fn_var.fn.value, backend, options)
         return out.ns(cf, "compiled_method"), [rec.expr(fn_var.self_var)]
+    if isinstance(fn_var, ObjectVar):
+        call = inspect.getattr_static(type(fn_var.value), "__call__", None)
+        if isinstance(call, types.FunctionType) and _user_code(call):
+            cf = CompiledFunction(call, backend, options)
+            return out.ns(cf, "compiled_call"), [rec.expr(fn_var)]
+    from .variables import NestedFunctionVar
+    if isinstance(fn_var, NestedFunctionVar):
+        return f"{out.ns(_CompileCall(backend, options), 'compile_call')}", [rec.expr(fn_var)]
     if isinstance(fn_var, NNModuleVar):
         m = fn_var.value
         if not (m._forward_hooks or m._forward_pre_hooks or m._backward_hooks) and \

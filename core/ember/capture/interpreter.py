@@ -119,23 +119,21 @@ class Tracer:
                         or isinstance(value, torch.nn.Parameter))
             return out.add_input(value, source, is_param=is_param)
         t = type(value)
+
+        def const(expr: str) -> ConstVar:
+            return ConstVar(value, source, pending=(lambda: g(expr)) if guard else None)
         if value is None or t is bool:
-            g(f"({source}) is {value!r}")
-            return ConstVar(value, source)
+            return const(f"({source}) is {value!r}")
         if t in (int, float, str, bytes):
             if t is float and value != value:
                 raise Unsupported("a NaN float argument cannot be guarded")
-            g(f"type({source}) is {t.__name__} and ({source}) == {value!r}")
-            return ConstVar(value, source)
+            return const(f"type({source}) is {t.__name__} and ({source}) == {value!r}")
         if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
-            g(f"({source}) is {out.ns(value, str(value))}")
-            return ConstVar(value, source)
+            return const(f"({source}) is {out.ns(value, str(value))}")
         if isinstance(value, torch.device):
-            g(f"({source}) == {out.ns(value, 'device')}")
-            return ConstVar(value, source)
+            return const(f"({source}) == {out.ns(value, 'device')}")
         if isinstance(value, enum.Enum):
-            g(f"({source}) is {out.ns(value, 'enum')}")
-            return ConstVar(value, source)
+            return const(f"({source}) is {out.ns(value, 'enum')}")
         if t is torch.Size:
             g(f"({source}) == {tuple(value)!r}")
             return TupleVar([ConstVar(int(s)) for s in value], source, cls=torch.Size)
@@ -159,12 +157,8 @@ class Tracer:
             if all(isinstance(k, (str, int, bool, type(None), float)) for k in value):
                 g(f"type({source}) is {t.__name__} and ({source}) == {value!r}")
                 return SetVar([ConstVar(x) for x in value], source, cls=t)
-        if isinstance(value, range):
-            g(f"({source}) == {value!r}")
-            return ConstVar(value, source)
-        if isinstance(value, slice):
-            g(f"({source}) == {value!r}")
-            return ConstVar(value, source)
+        if isinstance(value, (range, slice)):
+            return const(f"({source}) == {value!r}")
         if isinstance(value, torch.nn.Module):
             from .frame import CompiledFunction  # noqa: F401
             g(f"({source}) is {out.ns(value, type(value).__name__)}")
@@ -637,6 +631,12 @@ class Tracer:
             tm = rules.is_tensor_method(f)
             if tm and args and isinstance(args[0], TensorVar):
                 return self.call_tensor_method(args[0], tm, args[1:], kwargs)
+            if f.__module__ and rules.is_skipped_module(f.__module__):
+                raise Unsupported(f"call to {f.__module__}.{f.__qualname__} (Ember does not "
+                                  f"trace the {f.__module__.split('.')[0]} module)")
+            if f.__module__ == "copy" and f.__name__ in ("copy", "deepcopy") and len(args) == 1:
+                from .builtins import copy_var
+                return copy_var(self, args[0], deep=f.__name__ == "deepcopy")
             code = f.__code__
             cells = self.closure_cells(code, f.__closure__, fn.source)
             return self.inline(code, f.__globals__, self.fn_globals_source(f), args, kwargs,

@@ -205,6 +205,8 @@ class Reconstructor:
         if isinstance(v, TensorVar):
             return self.tensor_expr(v)
         if isinstance(v, ConstVar):
+            if v.guard_pending and v.source is not None:
+                return v.source  # forwarded untouched: no need to specialize on it
             val = v.value
             if isinstance(val, _SIMPLE_CONSTS) and not (isinstance(val, float) and
                                                         (val != val or val in (float("inf"),
@@ -253,7 +255,7 @@ class Reconstructor:
             inner = ", ".join(f"{k}={self.expr(val)}" for k, val in v.fields.items())
             return f"{out.ns(v.cls, v.cls.__name__)}({inner})"
         if isinstance(v, (IteratorVar, GeneratorResultVar)):
-            items = v.remaining() if isinstance(v, IteratorVar) else v.items
+            items = v.items[v.index:] if isinstance(v, IteratorVar) else v.items
             return "iter([" + ", ".join(self.expr(i) for i in items) + "])"
         if isinstance(v, BoundMethodVar):
             return f"___MethodType({self.expr(v.fn)}, {self.expr(v.self_var)})"

@@ -157,5 +157,18 @@ INPLACE_TO_OUT = {operator.iadd: operator.add, operator.isub: operator.sub,
 #: introspection or environment reads whose results are constants of the traced program.
 REAL_EVAL_MODULES = {"inspect", "os", "posixpath", "genericpath", "warnings", "typing"}
 
+#: Standard-library modules Ember never traces into: a call into them is a graph break and the
+#: callee runs as plain Python (as torch.compile's skip files do).
+SKIPPED_MODULES = ("logging", "json", "threading", "re", "pickle", "io", "traceback", "random",
+                   "time", "datetime", "socket", "subprocess", "unittest", "pdb", "concurrent",
+                   "asyncio", "multiprocessing", "queue", "weakref", "tempfile", "shutil",
+                   "pathlib", "zipfile", "gzip", "csv", "sqlite3", "urllib", "http", "email",
+                   "pprint", "textwrap", "tqdm", "numpy")
+
+
+def is_skipped_module(mod: str) -> bool:
+    return mod.split(".", 1)[0] in SKIPPED_MODULES
+
+
 BUILTINS = builtins
 _ = inspect

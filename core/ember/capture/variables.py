@@ -49,11 +49,31 @@ class NullVar(Var):
 
 
 class ConstVar(Var):
-    __slots__ = ("value", "source")
+    """A Python constant. One read from the outside world carries its guard *pending*: the
+    guard is installed the first time tracing looks at the value, so a constant that is only
+    passed through (to a call at a graph break, to the return value) does not specialize."""
 
-    def __init__(self, value: Any, source: str | None = None):
-        self.value = value
+    __slots__ = ("_value", "source", "_pending")
+
+    def __init__(self, value: Any, source: str | None = None, pending: Any = None):
+        self._value = value
         self.source = source
+        self._pending = pending
+
+    @property
+    def value(self) -> Any:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending()
+        return self._value
+
+    def peek(self) -> Any:
+        """The value without installing its guard (for code that only forwards it)."""
+        return self._value
+
+    @property
+    def guard_pending(self) -> bool:
+        return self._pending is not None
 
     def python_type(self) -> type:
         return type(self.value)
@@ -65,10 +85,10 @@ class ConstVar(Var):
         return self.value
 
     def describe(self) -> str:
-        return f"constant {self.value!r}"
+        return f"constant {self._value!r}"
 
     def __repr__(self) -> str:
-        return f"ConstVar({self.value!r})"
+        return f"ConstVar({self._value!r})"
 
 
 class TensorVar(Var):
