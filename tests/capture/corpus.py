@@ -93,7 +93,8 @@ def op_comparisons_logical():
 @prog
 def op_unary_math():
     def f(x):
-        return torch.sin(x) + torch.cos(x) * torch.exp(x) - torch.log1p(x.abs()) + x.tanh().sigmoid()
+        a = torch.sin(x) + torch.cos(x) * torch.exp(x)
+        return a - torch.log1p(x.abs()) + x.tanh().sigmoid()
     return f, std(5)
 
 
@@ -281,7 +282,8 @@ def op_gather_scatter():
 @prog
 def op_expand_repeat():
     def f(x):
-        return x.expand(3, -1), x.repeat(2, 1), x.unsqueeze(0).expand_as(torch.empty(4, x.shape[0])), x.tile((2,))
+        e = x.unsqueeze(0).expand_as(torch.empty(4, x.shape[0]))
+        return x.expand(3, -1), x.repeat(2, 1), e, x.tile((2,))
     return f, std(4)
 
 
@@ -356,7 +358,8 @@ def op_bfloat16_inputs():
 @prog
 def op_broadcast_outer():
     def f(x, y):
-        return x[:, None] * y[None, :], torch.outer(x, y), torch.dot(x, x), torch.mv(torch.outer(x, y), y)
+        o = torch.outer(x, y)
+        return x[:, None] * y[None, :], o, torch.dot(x, x), torch.mv(o, y)
     return f, [(t(3), t(4)), (t(3), t(4)), R(t(2), t(4))]
 
 
@@ -398,7 +401,8 @@ def op_chained_methods():
 @prog
 def op_torch_functional_misc():
     def f(x):
-        return torch.lerp(x, torch.zeros_like(x), 0.25), torch.addcmul(x, x, x, value=0.5), torch.clamp_min(x, 0)
+        a = torch.lerp(x, torch.zeros_like(x), 0.25)
+        return a, torch.addcmul(x, x, x, value=0.5), torch.clamp_min(x, 0)
     return f, std(4)
 
 
@@ -472,7 +476,8 @@ def fn_conv2d():
 @prog
 def fn_pooling():
     def f(x):
-        return F.max_pool2d(x, 2), F.avg_pool2d(x, kernel_size=2, stride=1), F.adaptive_avg_pool2d(x, 1)
+        a = F.avg_pool2d(x, kernel_size=2, stride=1)
+        return F.max_pool2d(x, 2), a, F.adaptive_avg_pool2d(x, 1)
     return f, std(1, 2, 4, 4)
 
 
@@ -685,7 +690,8 @@ def py_shape_arithmetic():
 @prog
 def py_math_module():
     def f(x):
-        return x * math.pi + math.log(4.0) - math.exp(0.5) + math.cos(0.0) + math.inf * 0 if False else x * math.pi
+        c = math.log(4.0) - math.exp(0.5) + math.cos(0.0) + math.sqrt(2) * math.e
+        return x * math.pi + c, math.isfinite(c), math.inf > c
     return f, std(3)
 
 
@@ -1034,7 +1040,8 @@ def sz_size_unpack_concat():
 def sz_dtype_arg():
     def f(x, dtype):
         return x.to(dtype) * 2
-    return f, [(t(3), torch.float64), (t(3), torch.float64), R(t(3), torch.float16), R(t(3), torch.int32)]
+    return f, [(t(3), torch.float64), (t(3), torch.float64), R(t(3), torch.float16),
+               R(t(3), torch.int32)]
 
 
 @prog
@@ -1807,7 +1814,8 @@ def bi_range_variants():
 @prog
 def bi_min_max_abs_sum_numbers():
     def f(x, a, b):
-        return x * min(a, b) + max(a, b, 3) - abs(a - b) + sum([a, b]) + max([1, 5, 2]) + min((4, 2))
+        c = sum([a, b]) + max([1, 5, 2]) + min((4, 2))
+        return x * min(a, b) + max(a, b, 3) - abs(a - b) + c
     return f, [(t(2), 1, 2), (t(2), 1, 2), R(t(2), 4, 2)]
 
 
@@ -1999,7 +2007,8 @@ def obj_collections_namedtuple():
 def obj_simplenamespace_arg():
     def f(x, ns):
         return x * ns.w + ns.b
-    return f, [(t(2), types.SimpleNamespace(w=2.0, b=1.0)), M(t(2), types.SimpleNamespace(w=2.0, b=1.0)),
+    ns = types.SimpleNamespace
+    return f, [(t(2), ns(w=2.0, b=1.0)), M(t(2), ns(w=2.0, b=1.0)),
                R(t(2), types.SimpleNamespace(w=3.0, b=1.0))]
 
 

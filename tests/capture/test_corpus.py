@@ -1,6 +1,7 @@
 """Every corpus program compiled with Ember (a counting in-process backend) equals eager: outputs,
-inputs after the call (mutation), caller-visible state, gradients; no fallback; recompiles exactly
-where the corpus says (new shape, dtype, Python value, training flag, grad mode) and nowhere else."""
+inputs after the call (mutation), caller-visible state, gradients; no fallback and no graph break;
+recompiles exactly where the corpus says (new shape, dtype, Python value, training flag, grad
+mode) and nowhere else."""
 
 from __future__ import annotations
 

@@ -108,7 +108,8 @@ def programs(draw):  # noqa: ANN001, ANN201
         "    return {a} + {b}, len(lst), sorted(d)",
         "    return [{a}, {b}] + lst",
         "    return {{'r': {a}, 'n': n}}"]))
-    g.lines.append(ret.format(a=g.vars[-1], b=g.var()))
+    # "+ 1" keeps at least one tensor op in every program, so a graph must be captured.
+    g.lines.append(ret.format(a=f"({g.vars[-1]} + 1)", b=g.var()))
     return "\n".join(g.lines) + "\n"
 
 
