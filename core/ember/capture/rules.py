@@ -114,13 +114,31 @@ def is_torch_op(fn: Any) -> bool:
             return True
         return False
     if isinstance(fn, types.FunctionType):
-        if mod.startswith("torch.nn.functional") or mod.startswith("torch.nn.modules"):
-            return False  # inlined, as their bodies are plain torch calls
+        if mod.startswith("torch.nn.functional"):
+            # One node per functional call, as torch.compile records them; the few that are
+            # only argument checks around one builtin are inlined to that builtin.
+            return fn.__name__ not in INLINED_FUNCTIONALS
+        if mod.startswith("torch.nn.modules"):
+            return False
         return mod.startswith("torch.") and not mod.startswith(("torch.utils", "torch.fx",
                                                                 "torch.jit", "torch._jit",
                                                                 "torch.nn.init", "torch.overrides",
                                                                 "torch._dynamo"))
     return False
+
+
+#: torch.nn.functional functions traced into rather than recorded as one call: their bodies
+#: reduce to one builtin (so the graph is the same size) or depend on Python-level arguments.
+INLINED_FUNCTIONALS = {"relu", "relu6", "elu", "selu", "celu", "leaky_relu", "hardtanh",
+                       "dropout", "layer_norm", "group_norm", "batch_norm", "instance_norm",
+                       "softmax", "log_softmax", "softmin", "embedding", "silu", "mish",
+                       "hardswish", "hardsigmoid", "tanh", "sigmoid", "pad", "linear",
+                       "_canonical_mask", "_none_or_dtype", "_get_softmax_dim", "_verify_batch_size",
+                       "_verify_spatial_size", "gelu", "softplus", "glu", "logsigmoid",
+                       "interpolate", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
+                       "max_pool1d", "adaptive_max_pool2d", "_max_pool2d", "_max_pool1d",
+                       "dropout1d", "dropout2d", "alpha_dropout", "threshold", "rms_norm",
+                       "normalize_shape"}
 
 
 def is_tensor_method(fn: Any) -> str | None:
