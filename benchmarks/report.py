@@ -128,7 +128,8 @@ def _markdown(res: dict[str, Any], rows: list[Row]) -> str:
               "(benchmarks/accuracy.py); *median ms* is one step (inference: no_grad forward; "
               "training: forward + loss + backward); *speedup* is eager median / backend median; "
               "*cold/warm compile s* are the first compiled step minus one eager step, in a fresh "
-              "process with empty / reused compiler caches; *first call s* is the first step in "
+              "process with empty / reused compiler caches (no warm probe for torch-eager and "
+              "torch-aot-eager: they have no on-disk cache); *first call s* is the first step in "
               "the benchmark process; *graphs*/*breaks* are counted by each compiler; *peak MiB* "
               "is the memory one step adds (CPU: peak RSS delta, rough; CUDA: "
               "max_memory_allocated); *AOT s* is Ember's reported AOT-autograd time. "
@@ -191,8 +192,8 @@ def _update_index(index: Path, out_dir: Path, res: dict[str, Any], md: str) -> N
         *[f"Command: `{cmd}`" + "\n" for cmd in res["commands"]],
         f"Machine: {info['cpu']}; torch {info['torch']}; Python {info['python']}"
         + (f"; GPU {info['gpu']}" if "gpu" in info else "")
-        + (f"; load average at end {info['load average at end (1/5/15 min)']}"
-           if "load average at end (1/5/15 min)" in info else "")
+        + "".join(f"; {k} {info[k]}" for k in ("load average at start (1/5/15 min)",
+                                                "load average at end (1/5/15 min)") if k in info)
         + f". Date: {info['date']}.", "",
         f"Full report: [{stem}.md]({rel}/{stem}.md) · CSV: [{stem}.csv]({rel}/{stem}.csv) · "
         f"plot: [{stem}.png]({rel}/{stem}.png)", "",
@@ -207,7 +208,10 @@ def build_result(rows: list[Row], overhead: dict[str, dict[str, Any]], cfg: RunC
     """Everything a report is rendered from (saved as ``{stem}.json`` beside it)."""
     stem = f"{cfg.device.split(':')[0]}-{cfg.mode}" + ("-bf16" if cfg.amp else "")
     command = "python -m benchmarks " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
-    return {"stem": stem, "config": dataclasses.asdict(cfg), "machine": machine_info(cfg.device),
+    info = machine_info(cfg.device)
+    if cfg.load_at_start:
+        info["load average at start (1/5/15 min)"] = cfg.load_at_start
+    return {"stem": stem, "config": dataclasses.asdict(cfg), "machine": info,
             "commands": [command], "rows": [dataclasses.asdict(r) for r in rows],
             "overhead": overhead}
 

@@ -7,6 +7,7 @@ import copy
 import dataclasses
 import gc
 import json
+import os
 import shutil
 import statistics
 import time
@@ -44,6 +45,7 @@ class RunConfig:
     deadline_s: float | None = None  # stop starting new work after this many seconds
     overhead: bool = True
     quiet: bool = False
+    load_at_start: str = ""  # filled in by run(): other work on the machine skews timings
 
     def resolve(self) -> "RunConfig":
         cuda = self.device.startswith("cuda")
@@ -270,8 +272,7 @@ def _run_probes(rows: list[Row], cfg: RunConfig, progress: Progress, t_start: fl
         try:
             for kind in kinds:
                 if kind == "warm" and r.backend in NO_DISK_CACHE:
-                    r.add_note("no warm probe (no on-disk cache: warm = cold)")
-                    continue
+                    continue  # said once under the table
                 ans = compile_probe(r.model, r.backend, cfg.device, cfg.mode, cfg.size or "small",
                                     cfg.amp, cache, cfg.probe_timeout)
                 if "error" in ans:
@@ -289,6 +290,8 @@ def _run_probes(rows: list[Row], cfg: RunConfig, progress: Progress, t_start: fl
 def run(cfg: RunConfig) -> tuple[list[Row], dict[str, dict[str, Any]]]:
     """Run the whole benchmark; returns the table rows and the per-call overhead table."""
     cfg.resolve()
+    with contextlib.suppress(OSError):
+        cfg.load_at_start = " / ".join(f"{x:.1f}" for x in os.getloadavg())
     progress = Progress(cfg.quiet)
     progress(f"device {cfg.device} ({cfg.size} sizes), mode {cfg.mode}, models "
              f"{', '.join(cfg.models or [])}, backends {', '.join(cfg.backends)}")
