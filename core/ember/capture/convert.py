@@ -67,6 +67,32 @@ def _dce(graph: torch.fx.Graph) -> None:
             graph.erase_node(node)
 
 
+def _fold_grad_switches(graph: torch.fx.Graph, initial: bool) -> None:
+    """Consecutive grad-mode switches collapse into the last one, which is dropped when it sets
+    the mode already in effect (``with no_grad(): with enable_grad(): ...`` closing together)."""
+    mode = initial
+    run: list[torch.fx.Node] = []
+
+    def flush() -> None:
+        nonlocal mode
+        if not run:
+            return
+        *extra, last = run
+        for n in extra:
+            graph.erase_node(n)
+        if last.args[0] == mode:
+            graph.erase_node(last)
+        else:
+            mode = bool(last.args[0])
+        run.clear()
+
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target is torch._C._set_grad_enabled:
+            run.append(node)
+        elif node.op in ("call_function", "call_method", "output"):
+            flush()
+
+
 def convert_frame(fn: Callable[..., Any], args: tuple, kwargs: dict, *, backend: Any,
                   options: dict[str, Any], fullgraph: bool) -> Callable[..., Any]:
     try:
@@ -200,6 +226,7 @@ def _convert(fn: Callable[..., Any], args: tuple, kwargs: dict, backend: Any,
     if has_ops:
         graph.output(tuple(outputs))
         _dce(graph)
+        _fold_grad_switches(graph, grad)
         used = []
         for var, source, value in out.inputs:
             if var.node.users:
