@@ -435,6 +435,8 @@ def contains(tr: Any, container: Var, item: Var) -> bool:
         return _hashable(item) in container.fields and not (
             isinstance(container.fields[_hashable(item)], ConstVar) and
             container.fields[_hashable(item)].value is None)
+    if isinstance(container, SetVar) and isinstance(item, TensorVar):
+        return any(is_same(x, item) for x in container.items)
     if isinstance(container, (ListVar, TupleVar, SetVar)):
         if isinstance(item, TensorVar):
             raise Unsupported("`in` with a tensor compares values")

@@ -14,8 +14,7 @@ from .variables import (ConstVar, DataclassVar, DictVar, IteratorVar, ListVar, S
 
 
 def set_add(s: SetVar, item: Var) -> None:
-    if isinstance(item, TensorVar):
-        raise Unsupported("a set of tensors")
+    # Tensors hash by identity, so a set of tensors is a set of distinct tensor objects.
     for x in s.items:
         if (x.is_const() and item.is_const() and x.as_const() == item.as_const()) or \
                 is_same(x, item):

@@ -114,6 +114,26 @@ def convert_frame(fn: Callable[..., Any], args: tuple, kwargs: dict, *, backend:
         raise first from e2
 
 
+def _in_try_block(code: types.CodeType, offset: int) -> bool:
+    """Is ``offset`` protected by a try/except or try/finally (not only by a `with` block)?"""
+    import dis
+    from .interpreter import _instructions
+    try:
+        entries = dis._parse_exception_table(code)  # type: ignore[attr-defined]
+    except Exception:  # pragma: no cover - private helper; be conservative
+        return bool(code.co_exceptiontable)
+    by_offset = {i.offset: k for k, i in enumerate(_instructions(code))}
+    ins = _instructions(code)
+    for e in entries:
+        if e.start <= offset < e.end:
+            k = by_offset.get(e.target)
+            handler = [i.opname for i in ins[k:k + 4]] if k is not None else []
+            if "WITH_EXCEPT_START" not in handler and "CLEANUP_THROW" not in handler and \
+                    "RERAISE" not in handler[:2]:
+                return True
+    return False
+
+
 def _inside_loop(code: types.CodeType, index: int) -> bool:
     from .interpreter import _instructions
     ins = _instructions(code)
@@ -170,6 +190,9 @@ def _convert(fn: Callable[..., Any], args: tuple, kwargs: dict, backend: Any,
     finally:
         torch._C._set_grad_enabled(grad)
 
+    if len(out.arg_tensor_sources) > 1:
+        srcs = out.arg_tensor_sources
+        out.guards.add(f"len({{{', '.join(f'id({s})' for s in srcs)}}}) == {len(srcs)}")
     rec = Reconstructor(out)
     pre: list[str] = []  # values computed before any side effect is replayed
     tail: list[str] = []  # the break instruction and the return
@@ -355,6 +378,36 @@ def _callee(fn_var: Var, rec: Reconstructor, backend: Any, options: dict[str, An
     return rec.expr(fn_var), []
 
 
+def _binary(ins: Any, ops: list[str], out: Any) -> str:
+    from . import rules
+    from .interpreter import _NB_OPS
+    fn = rules.BINARY_OPS[_NB_OPS[ins.arg]]
+    return f"{out.ns(fn, fn.__name__)}({ops[0]}, {ops[1]})"
+
+
+def _compare(ins: Any, ops: list[str], out: Any) -> str:
+    from . import rules
+    fn = rules.COMPARE_OPS[ins.argval]
+    return f"{out.ns(fn, fn.__name__)}({ops[0]}, {ops[1]})"
+
+
+#: Instructions that, at a graph break, are performed as one Python expression in the entry
+#: function (operands popped, result pushed), after which a compiled resume function continues.
+_SIMPLE_BREAK_OPS: dict[str, tuple[int, Callable[..., str]]] = {
+    "BINARY_SUBSCR": (2, lambda i, o, out: f"{o[0]}[{o[1]}]"),
+    "BINARY_OP": (2, _binary),
+    "COMPARE_OP": (2, _compare),
+    "CONTAINS_OP": (2, lambda i, o, out: f"({o[0]} {'not in' if i.arg else 'in'} {o[1]})"),
+    "IS_OP": (2, lambda i, o, out: f"({o[0]} {'is not' if i.arg else 'is'} {o[1]})"),
+    "UNARY_NOT": (1, lambda i, o, out: f"(not {o[0]})"),
+    "UNARY_NEGATIVE": (1, lambda i, o, out: f"(-{o[0]})"),
+    "UNARY_INVERT": (1, lambda i, o, out: f"(~{o[0]})"),
+    "LOAD_ATTR": (1, lambda i, o, out: f"{o[0]}.{i.argval}"),
+    "LOAD_METHOD": (1, lambda i, o, out: f"{o[0]}.{i.argval}"),
+    "BINARY_SLICE": (3, lambda i, o, out: f"{o[0]}[{o[1]}:{o[2]}]"),
+}
+
+
 def _break_code(fn: Any, broke: BreakHere, rec: Reconstructor, snapshot: Callable[[str], str],
                 backend: Any, options: dict[str, Any], entry_grad: bool, break_grad: bool,
                 reason: Unsupported) -> list[str]:
@@ -373,6 +426,17 @@ def _break_code(fn: Any, broke: BreakHere, rec: Reconstructor, snapshot: Callabl
     grad_fix = (f"___torch._C._set_grad_enabled({break_grad})"
                 if break_grad != entry_grad else None)
     op = ins.opname
+    orig_code, orig_offset = resume_mod.original_position(frame.code, ins.offset)
+    if _in_try_block(orig_code, orig_offset):
+        # Performing the instruction in the entry would take it out of its try block: run the
+        # rest of the frame, this instruction included, as Python so the handler stays in force.
+        resume = _resume_call(fn, frame, rec, snapshot, ins.offset, stack, [], backend, options,
+                              compiled=False)
+        if grad_fix:
+            tail.append(grad_fix)
+        tail.append(f"return {resume}")
+        return tail
+    exits = [v for v in stack if type(v).__name__ == "ExitVar"]
     if op in ("CALL", "CALL_FUNCTION_EX") and nxt is not None:
         if op == "CALL":
             argc = ins.arg
@@ -407,7 +471,14 @@ def _break_code(fn: Any, broke: BreakHere, rec: Reconstructor, snapshot: Callabl
                               options, compiled=True)
         if grad_fix:
             tail.append(grad_fix)
-        tail.append(f"___res = {callee}({', '.join(arg_exprs)})")
+        call = f"___res = {callee}({', '.join(arg_exprs)})"
+        if exits:
+            # An exception out of the call must still leave the split `with` blocks.
+            tail += ["try:", f"    {call}", "except BaseException:"]
+            tail += [f"    {rec.expr(v)}(None, None, None)" for v in reversed(exits)]
+            tail += ["    raise"]
+        else:
+            tail.append(call)
         tail.append(f"return {resume}")
         return tail
     if op.startswith("POP_JUMP") and ("IF_FALSE" in op or "IF_TRUE" in op) and \
@@ -424,6 +495,23 @@ def _break_code(fn: Any, broke: BreakHere, rec: Reconstructor, snapshot: Callabl
         tail.append(f"if {'' if jump_when else 'not '}{cond}:")
         tail.append(f"    return {on_jump}")
         tail.append(f"return {on_next}")
+        return tail
+    simple = _SIMPLE_BREAK_OPS.get(op)
+    if simple is not None and nxt is not None and not (op == "LOAD_ATTR" and ins.arg & 1):
+        n, fmt = simple
+        operands = [snapshot(rec.expr(v)) for v in stack[len(stack) - n:]]
+        below = stack[:len(stack) - n]
+        extra = ["___res"]
+        if op == "LOAD_METHOD" or (op == "LOAD_ATTR" and ins.arg & 1):
+            from .variables import NullVar as _Null
+            below = below + [_Null()]
+        expr = fmt(ins, operands, rec.out)
+        resume = _resume_call(fn, frame, rec, snapshot, nxt, below, extra, backend, options,
+                              compiled=True)
+        if grad_fix:
+            tail.append(grad_fix)
+        tail.append(f"___res = {expr}")
+        tail.append(f"return {resume}")
         return tail
     # Any other instruction: the rest of the frame, from this instruction on, runs as Python.
     resume = _resume_call(fn, frame, rec, snapshot, ins.offset, stack, [], backend, options,

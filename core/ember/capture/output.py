@@ -34,6 +34,13 @@ class GradRestore:
         return False
 
 
+def _enter_autocast(device_type: str, dtype: torch.dtype, enabled: bool) -> Any:
+    """Re-enters an autocast region that a graph break split; returns its ``__exit__``."""
+    ctx = torch.autocast(device_type, dtype=dtype, enabled=enabled)
+    ctx.__enter__()
+    return ctx.__exit__
+
+
 def _mkobj(cls: type, fields: dict) -> object:
     obj = object.__new__(cls)
     obj.__dict__.update(fields)
@@ -49,7 +56,7 @@ def _with_kwdefaults(fn: types.FunctionType, kw: dict) -> types.FunctionType:
     return fn
 
 
-ENTRY_HELPERS = {"___GradRestore": GradRestore, "___mkobj": _mkobj, "___mkcell": _mkcell,
+ENTRY_HELPERS = {"___GradRestore": GradRestore, "___enter_autocast": _enter_autocast, "___mkobj": _mkobj, "___mkcell": _mkcell,
                  "___MethodType": types.MethodType, "___FunctionType": types.FunctionType,
                  "___with_kwdefaults": _with_kwdefaults}
 
@@ -86,6 +93,9 @@ class OutputGraph:
         # graph inputs: (placeholder var, source expression, real value)
         self.inputs: list[tuple[TensorVar, str, torch.Tensor]] = []
         self.tensor_by_id: dict[int, TensorVar] = {}
+        #: Distinct tensor objects read from arguments: they must stay distinct (aliasing
+        #: changes the meaning of in-place ops, identity tests and sets).
+        self.arg_tensor_sources: list[str] = []
         self.var_by_source: dict[str, Var] = {}
         # side effects to replay after the graph runs, in program order
         self.side_effects: list[tuple[str, Any]] = []
@@ -119,6 +129,8 @@ class OutputGraph:
         var = TensorVar(node, fake, source=source, cls=type(value), is_param=is_param)
         self.inputs.append((var, source, value))
         self.tensor_by_id[id(value)] = var
+        if not is_param:
+            self.arg_tensor_sources.append(source)
         if is_param:
             self.guards.add(f"({source}) is {self.ns(value, 'p')}")
             self.guards.add(f"({source}).requires_grad is {bool(value.requires_grad)}")
@@ -280,6 +292,11 @@ class Reconstructor:
             from .variables import GradModeVar
             if isinstance(v.ctx, GradModeVar):
                 return f"___GradRestore({getattr(v, 'prev_mode', True)!r})"
+            from .variables import AutocastVar
+            if isinstance(v.ctx, AutocastVar):
+                c = v.ctx
+                return (f"___enter_autocast({c.device_type!r}, {out.ns(c.dtype, str(c.dtype))}, "
+                        f"{c.enabled!r})")
             raise Unsupported("a graph break inside this `with` block")
         if isinstance(v, (NNModuleVar, ObjectVar, FunctionVar, PyModuleVar, ClassVar)):
             if v.source is not None:
