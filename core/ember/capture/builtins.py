@@ -253,12 +253,29 @@ def construct(tr: Any, cls: type, args: list[Var], kwargs: dict[str, Var]) -> Va
             raise Unsupported("itertools.repeat without a count")
         n = (args[1] if len(args) > 1 else kwargs["times"]).as_const()
         return IteratorVar([args[0]] * n)
+    if cls is itertools.count:
+        from .variables import CountVar
+        c = _consts(args, kwargs)
+        if c is None:
+            raise Unsupported("itertools.count of non-constants")
+        a, k = c
+        return CountVar(k.get("start", a[0] if a else 0), k.get("step", a[1] if len(a) > 1 else 1))
     if cls is itertools.chain:
         return IteratorVar([i for a in args for i in tr.iterate(a)])
     if cls is itertools.islice:
-        items = tr.iterate(args[0])
-        bounds = [a.as_const() for a in args[1:]]
-        return IteratorVar(items[slice(*bounds)])
+        bounds = slice(*[a.as_const() for a in args[1:]])
+        src = args[0] if isinstance(args[0], IteratorVar) else IteratorVar(tr.iterate(args[0]))
+        start, stop, step = bounds.start or 0, bounds.stop, bounds.step or 1
+        if stop is None:
+            return IteratorVar(src.rest()[start::step])
+        taken = []
+        for i in range(stop):
+            v = src.next()
+            if v is None:
+                break
+            if i >= start and (i - start) % step == 0:
+                taken.append(v)
+        return IteratorVar(taken)
     if issubclass(cls, torch.nn.Module):
         raise Unsupported(f"creating the module {cls.__name__} inside a compiled region",
                           hint="create modules in __init__, not in forward")

@@ -135,11 +135,12 @@ def _in_try_block(code: types.CodeType, offset: int) -> bool:
 
 
 def _inside_loop(code: types.CodeType, index: int) -> bool:
+    """Is instruction ``index`` inside a loop body (a later jump goes back to or before it)?"""
     from .interpreter import _instructions
     ins = _instructions(code)
     at = ins[index].offset
     for i in ins[index:]:
-        if i.opname.startswith("JUMP_BACKWARD") and isinstance(i.argval, int) and i.argval <= at:
+        if "JUMP" in i.opname and isinstance(i.argval, int) and i.argval <= at:
             return True
     return False
 
@@ -288,7 +289,7 @@ def _stack_arg(rec: Reconstructor, snapshot: Callable[[str], str], v: Var) -> tu
     if isinstance(v, NullVar):
         return resume_mod.STACK_NULL, ""
     if isinstance(v, (IteratorVar, GeneratorResultVar)):
-        items = v.items[v.index:] if isinstance(v, IteratorVar) else v.items
+        items = v.rest() if isinstance(v, IteratorVar) else v.items
         return resume_mod.STACK_ITER, snapshot("[" + ", ".join(rec.expr(i) for i in items) + "]")
     return resume_mod.STACK_PLAIN, snapshot(rec.expr(v))
 
@@ -408,6 +409,17 @@ _SIMPLE_BREAK_OPS: dict[str, tuple[int, Callable[..., str]]] = {
 }
 
 
+def _refuse_generator_callee(fn_var: Var, reason: Unsupported) -> None:
+    """A generator made at a break could only be iterated as plain Python afterwards: the frame
+    runs eagerly instead (as torch.compile skips it)."""
+    from .variables import NestedFunctionVar
+    code = getattr(fn_var, "code", None) if isinstance(fn_var, NestedFunctionVar) else getattr(
+        getattr(fn_var, "value", None), "__code__", None)
+    if isinstance(code, types.CodeType) and code.co_flags & inspect.CO_GENERATOR:
+        raise Unsupported(f"graph break inside the generator {code.co_name} "
+                          f"({reason.reason}); the frame runs eagerly")
+
+
 def _break_code(fn: Any, broke: BreakHere, rec: Reconstructor, snapshot: Callable[[str], str],
                 backend: Any, options: dict[str, Any], entry_grad: bool, break_grad: bool,
                 reason: Unsupported) -> list[str]:
@@ -449,6 +461,7 @@ def _break_code(fn: Any, broke: BreakHere, rec: Reconstructor, snapshot: Callabl
             kw_names = frame.kw_names
             kw = dict(zip(kw_names, args[len(args) - len(kw_names):])) if kw_names else {}
             pos = args[:len(args) - len(kw_names)] if kw_names else args
+            _refuse_generator_callee(fn_var, reason)
             callee, lead = _callee(fn_var, rec, backend, options)
             callee = snapshot(callee)
             arg_exprs = lead + [snapshot(rec.expr(a)) for a in pos]

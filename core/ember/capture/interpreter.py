@@ -57,6 +57,11 @@ class BreakHere(Exception):
         self.index = index
 
 
+class _Yield(Exception):
+    def __init__(self, value: Var):
+        self.value = value
+
+
 class _Return(Exception):
     def __init__(self, value: Var):
         self.value = value
@@ -679,13 +684,11 @@ class Tracer:
         locals_ = self.bind_args(code, args, kwargs, defaults, kwdefaults, name, defaults_source,
                                  vars_defaults)
         frame = Frame(self, code, fn_globals, globals_source, locals_, dict(cells))
-        is_gen = bool(code.co_flags & inspect.CO_GENERATOR)
-        if is_gen:
-            frame.yields = []
-        result = frame.run()
-        if is_gen:
-            return GeneratorResultVar(frame.yields)
-        return result
+        if code.co_flags & inspect.CO_GENERATOR:
+            from .variables import GeneratorVar
+            frame.is_generator = True
+            return GeneratorVar(frame)
+        return frame.run()
 
     def bind_args(self, code: types.CodeType, args: list[Var], kwargs: dict[str, Var],
                   defaults: tuple | None, kwdefaults: dict | None, name: str,
@@ -884,6 +887,7 @@ class Frame:
         self.ip = 0
         self.kw_names: tuple[str, ...] = ()
         self.yields: list[Var] | None = None
+        self.is_generator = False
         self.lineno = code.co_firstlineno
 
     # -- location for messages ------------------------------------------------------------------
@@ -925,6 +929,8 @@ class Frame:
                     handler(ins)
                 except _Return as r:
                     return r.value
+                except _Yield:
+                    raise
                 except Unsupported as e:
                     if e.where is None:
                         e.where = self.where()
@@ -988,15 +994,38 @@ class Frame:
         raise _Return(self._const(ins.argval))
 
     def RETURN_GENERATOR(self, ins):
-        if self.yields is None:
+        if not self.is_generator:
             raise Unsupported("generator outside an inlined call")
         self.push(ConstVar(None))
 
     def YIELD_VALUE(self, ins):
-        if self.yields is None:
+        if not self.is_generator:
             raise Unsupported("yield in the compiled function itself")
-        self.yields.append(self.pop())
-        self.push(ConstVar(None))
+        raise _Yield(self.pop())
+
+    def GET_YIELD_FROM_ITER(self, ins):
+        v = self.pop()
+        self.push(v if isinstance(v, IteratorVar) else IteratorVar(self.tracer.iterate(v)))
+
+    def SEND(self, ins):
+        self.pop()  # the value sent in: always None for an inlined generator
+        receiver = self.stack[-1]
+        if not isinstance(receiver, IteratorVar):
+            raise Unsupported(f"yield from {receiver.describe()}")
+        nxt = receiver.next()
+        if nxt is None:
+            if PY312:
+                self.push(ConstVar(None))
+            else:
+                self.stack[-1] = ConstVar(None)
+            self.jump(ins)
+        else:
+            self.push(nxt)
+
+    def END_SEND(self, ins):
+        v = self.pop()
+        self.pop()
+        self.push(v)
 
     # -- locals, globals, cells -----------------------------------------------------------------
     def read_local(self, name: str) -> Var:

@@ -267,7 +267,7 @@ class Reconstructor:
             inner = ", ".join(f"{k}={self.expr(val)}" for k, val in v.fields.items())
             return f"{out.ns(v.cls, v.cls.__name__)}({inner})"
         if isinstance(v, (IteratorVar, GeneratorResultVar)):
-            items = v.items[v.index:] if isinstance(v, IteratorVar) else v.items
+            items = v.rest() if isinstance(v, IteratorVar) else v.items
             return "iter([" + ", ".join(self.expr(i) for i in items) + "])"
         if isinstance(v, BoundMethodVar):
             return f"___MethodType({self.expr(v.fn)}, {self.expr(v.self_var)})"

@@ -219,9 +219,69 @@ class IteratorVar(Var):
         return v
 
     def remaining(self) -> list[Var]:
-        out = self.items[self.index:]
+        out = self.rest()
         self.index = len(self.items)
         return out
+
+    def rest(self) -> list[Var]:
+        """The items not consumed yet, without consuming them."""
+        return self.items[self.index:]
+
+
+class GeneratorVar(IteratorVar):
+    """A generator created while tracing: its frame runs lazily, one ``next()`` at a time."""
+
+    def __init__(self, frame: Any):
+        super().__init__([])
+        self.frame = frame
+        self.started = False
+        self.done = False
+
+    def _advance(self) -> bool:
+        from .interpreter import _Yield
+        if self.done:
+            return False
+        if self.started:
+            self.frame.push(ConstVar(None))  # the value `yield` evaluates to
+        self.started = True
+        try:
+            self.frame.run()
+        except _Yield as y:
+            self.items.append(y.value)
+            return True
+        self.done = True
+        return False
+
+    def next(self) -> Var | None:
+        if self.index >= len(self.items) and not self._advance():
+            return None
+        return super().next()
+
+    def rest(self) -> list[Var]:
+        while self._advance():
+            pass
+        return self.items[self.index:]
+
+    def describe(self) -> str:
+        return f"generator {self.frame.code.co_qualname}"
+
+
+class CountVar(IteratorVar):
+    """itertools.count(start, step): infinite, so only next() and islice() consume it."""
+
+    def __init__(self, start: Any, step: Any):
+        super().__init__([])
+        self.value_next = start
+        self.step = step
+
+    def next(self) -> Var | None:
+        v = ConstVar(self.value_next)
+        self.value_next += self.step
+        return v
+
+    def rest(self) -> list[Var]:
+        from ..exc import Unsupported
+        raise Unsupported("materializing an infinite itertools.count()")
 
 
 class NNModuleVar(Var):
