@@ -344,6 +344,11 @@ def _is_model_output(cls: type) -> bool:
 # -----------------------------------------------------------------------------------------------
 
 def binary_op(tr: Any, op: Any, a: Var, b: Var) -> Var:
+    if isinstance(a, IdVar) or isinstance(b, IdVar):
+        if op in (operator.eq, operator.ne) and isinstance(a, IdVar) and isinstance(b, IdVar):
+            same = a.tensor.node is b.tensor.node
+            return ConstVar(same if op is operator.eq else not same)
+        raise Unsupported("arithmetic on id() of a tensor")
     if isinstance(a, TensorVar) or isinstance(b, TensorVar):
         if op in rules.INPLACE_TO_OUT and not isinstance(a, TensorVar):
             op = rules.INPLACE_TO_OUT[op]
@@ -628,6 +633,19 @@ def enter_context(tr: Any, ctx: Var) -> tuple[Var, Var]:
             tr.out.create_node("call_function", torch.amp.autocast_mode._exit_autocast,
                                (node,), {})
         return ExitVar(ctx, restore), ConstVar(None)
+    import contextlib
+    if isinstance(ctx, DataclassVar) and ctx.cls is contextlib._GeneratorContextManager:
+        from .variables import GeneratorVar
+        gen = ctx.fields.get("gen")
+        if isinstance(gen, GeneratorVar):
+            entered = gen.next()
+            if entered is None:
+                raise Unsupported("generator didn't yield (contextmanager)")
+
+            def finish() -> None:
+                if gen.next() is not None:
+                    raise Unsupported("generator didn't stop (contextmanager)")
+            return ExitVar(ctx, finish), entered
     if isinstance(ctx, (ObjectVar, DataclassVar)):
         cls = ctx.python_type()
         enter = inspect.getattr_static(cls, "__enter__", None)
@@ -925,8 +943,21 @@ def _callable(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
     return ConstVar(callable(v.python_type()))
 
 
+class IdVar(Var):
+    """id() of a tensor: only comparable with another id() (identity of graph values, which
+    the aliasing guard on tensor arguments keeps stable across calls)."""
+
+    def __init__(self, tensor: TensorVar):
+        self.tensor = tensor
+
+    def python_type(self) -> type:
+        return int
+
+
 def _id(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
     v = args[0]
+    if isinstance(v, TensorVar):
+        return IdVar(v)
     if isinstance(v, (NNModuleVar, ObjectVar, ClassVar, FunctionVar)):
         return ConstVar(id(v.value))
     raise Unsupported(f"id() of {v.describe()}")

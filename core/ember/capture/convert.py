@@ -35,7 +35,9 @@ log = logging.getLogger("ember.capture")
 graph_log = _logging.get_artifact_logger("graph")
 break_log = _logging.get_artifact_logger("graph_breaks")
 
-_IMPURE_FUNCTIONS = {operator.setitem, torch._C._set_grad_enabled,
+from .output import restore_autocast as _restore_autocast
+
+_IMPURE_FUNCTIONS = {operator.setitem, torch._C._set_grad_enabled, _restore_autocast,
                      torch.amp.autocast_mode._enter_autocast,
                      torch.amp.autocast_mode._exit_autocast}
 _RANDOM_WORDS = ("rand", "dropout", "bernoulli", "normal", "multinomial", "uniform", "poisson",
@@ -177,6 +179,8 @@ def _convert(fn: Callable[..., Any], args: tuple, kwargs: dict, backend: Any,
             frame.cells[name].value = tracer.wrap(cv.value, cv.source)
     broke: BreakHere | None = None
     break_grad = grad
+    autocast_state = [(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d))
+                      for d in ("cpu", "cuda")]
     try:
         result: Var | None = frame.run()
     except BreakHere as b:
@@ -190,6 +194,9 @@ def _convert(fn: Callable[..., Any], args: tuple, kwargs: dict, backend: Any,
                 v.restore()
     finally:
         torch._C._set_grad_enabled(grad)
+        for d, en, dt in autocast_state:
+            torch.set_autocast_enabled(d, en)
+            torch.set_autocast_dtype(d, dt)
 
     if len(out.arg_tensor_sources) > 1:
         srcs = out.arg_tensor_sources
@@ -350,6 +357,19 @@ class _CompileCall:
 
 def _callee(fn_var: Var, rec: Reconstructor, backend: Any, options: dict[str, Any]
             ) -> tuple[str, list[str]]:
+    name, lead = _callee_inner(fn_var, rec, backend, options)
+    target = rec.out.namespace.get(name)
+    inner = getattr(target, "fn", None)
+    if inner is not None and isinstance(inner, types.FunctionType):
+        try:
+            inner._ember_callee_of_break = True  # type: ignore[attr-defined]
+        except AttributeError:
+            pass
+    return name, lead
+
+
+def _callee_inner(fn_var: Var, rec: Reconstructor, backend: Any, options: dict[str, Any]
+                  ) -> tuple[str, list[str]]:
     """The callable to use at a call that broke the graph, plus leading arguments. User
     functions and modules are compiled as their own frames."""
     from .frame import CompiledFunction, is_disabled
@@ -430,8 +450,12 @@ def _break_code(fn: Any, broke: BreakHere, rec: Reconstructor, snapshot: Callabl
         frame.instructions) else None
     where = f"{frame.code.co_filename}:{(ins.positions.lineno if ins.positions else None) or frame.lineno}"
     text = reason.reason
-    events.counters["graph_breaks"][text] += 1
-    events.counters["stats"]["graph_breaks"] += 1
+    op0 = ins.opname
+    # A branch on a tensor inside a function that Ember compiles because its caller broke at
+    # the call is the same event the caller already counted (torch.compile counts it once too).
+    if not (getattr(fn, "_ember_callee_of_break", False) and op0.startswith("POP_JUMP")):
+        events.counters["graph_breaks"][text] += 1
+        events.counters["stats"]["graph_breaks"] += 1
     events.emit("graph_break", reason=text, where=where, function=frame.code.co_name)
     break_log.info("graph break in %s at %s: %s", frame.code.co_name, where, text)
     tail: list[str] = []
@@ -527,6 +551,9 @@ def _break_code(fn: Any, broke: BreakHere, rec: Reconstructor, snapshot: Callabl
         tail.append(f"return {resume}")
         return tail
     # Any other instruction: the rest of the frame, from this instruction on, runs as Python.
+    if not any(n.op in ("call_function", "call_method") for n in rec.out.graph.nodes) and \
+            not rec.out.side_effects and not rec.out.mutated_containers:
+        raise Unsupported(reason.reason, where=reason.where)  # nothing gained: run eagerly
     resume = _resume_call(fn, frame, rec, snapshot, ins.offset, stack, [], backend, options,
                           compiled=False)
     if grad_fix:

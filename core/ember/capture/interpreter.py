@@ -205,6 +205,20 @@ class Tracer:
             ev = ExitVar(GradModeVar(prev), restore)
             ev.prev_mode = prev  # type: ignore[attr-defined]
             return ev
+        from .output import AutocastExit
+        if isinstance(value, AutocastExit):  # the exit of an autocast block split by a break
+            g(f"type({source}) is {out.ns(AutocastExit, 'AutocastExit')} and "
+              f"({source}).device_type == {value.device_type!r} and "
+              f"({source}).prev_enabled is {value.prev_enabled} and "
+              f"({source}).prev_dtype is {out.ns(value.prev_dtype, str(value.prev_dtype))}")
+            ax = value
+
+            def restore_ac() -> None:
+                from .output import restore_autocast
+                restore_autocast(ax.device_type, ax.prev_enabled, ax.prev_dtype)
+                out.create_node("call_function", restore_autocast,
+                                (ax.device_type, ax.prev_enabled, ax.prev_dtype), {})
+            return ExitVar(AutocastVar(value.device_type, None, True), restore_ac)
         if isinstance(value, CompiledFunction):  # an ember-compiled function called inside
             inner = value.fn
             if value.bound_self is not None:
@@ -1148,6 +1162,10 @@ class Frame:
         self.tracer.setattr(obj, ins.argval, value)
 
     def DELETE_ATTR(self, ins):
+        obj = self.pop()
+        if isinstance(obj, DataclassVar) and ins.argval in obj.fields:
+            del obj.fields[ins.argval]
+            return
         raise Unsupported("del of an attribute")
 
     def LOAD_SUPER_ATTR(self, ins):

@@ -34,11 +34,36 @@ class GradRestore:
         return False
 
 
-def _enter_autocast(device_type: str, dtype: torch.dtype, enabled: bool) -> Any:
-    """Re-enters an autocast region that a graph break split; returns its ``__exit__``."""
-    ctx = torch.autocast(device_type, dtype=dtype, enabled=enabled)
-    ctx.__enter__()
-    return ctx.__exit__
+class AutocastExit:
+    """The ``__exit__`` of an autocast region that a graph break split: restores the autocast
+    state that was in force before the region (a plain value, so a resume function's trace can
+    guard on it and replay it)."""
+
+    def __init__(self, device_type: str, prev_enabled: bool, prev_dtype: torch.dtype):
+        self.device_type = device_type
+        self.prev_enabled = prev_enabled
+        self.prev_dtype = prev_dtype
+
+    def __call__(self, *exc: object) -> bool:
+        restore_autocast(self.device_type, self.prev_enabled, self.prev_dtype)
+        return False
+
+
+def restore_autocast(device_type: str, enabled: bool, dtype: torch.dtype) -> None:
+    torch.set_autocast_enabled(device_type, enabled)
+    torch.set_autocast_dtype(device_type, dtype)
+    if torch.autocast_decrement_nesting() == 0:
+        torch.clear_autocast_cache()
+
+
+def _enter_autocast(device_type: str, dtype: torch.dtype, enabled: bool) -> AutocastExit:
+    """Re-enters an autocast region that a graph break split; returns its exit."""
+    prev = AutocastExit(device_type, torch.is_autocast_enabled(device_type),
+                        torch.get_autocast_dtype(device_type))
+    torch.set_autocast_enabled(device_type, enabled)
+    torch.set_autocast_dtype(device_type, dtype)
+    torch.autocast_increment_nesting()
+    return prev
 
 
 def _mkobj(cls: type, fields: dict) -> object:
