@@ -217,6 +217,7 @@ def _convert(fn: Callable[..., Any], args: tuple, kwargs: dict, backend: Any,
         assert reason is not None
         tail = _break_code(fn, broke, rec, snapshot, backend, options, grad, break_grad,
                            reason)
+        _count_break(fn, broke, reason)
 
     # Side effects, replayed after the graph in program order (values snapshotted first).
     assigns: list[str] = []
@@ -440,6 +441,26 @@ def _refuse_generator_callee(fn_var: Var, reason: Unsupported) -> None:
                           f"({reason.reason}); the frame runs eagerly")
 
 
+def _count_break(fn: Any, broke: BreakHere, reason: Unsupported) -> None:
+    frame = broke.frame
+    ins = frame.instructions[broke.index]
+    line = (ins.positions.lineno if ins.positions else None) or frame.lineno
+    where = f"{frame.code.co_filename}:{line}"
+    text = reason.reason
+    op0 = ins.opname
+    # A branch on a tensor inside a function that Ember compiles because its caller broke at
+    # the call is the same event the caller already counted (torch.compile counts it once too).
+    # Likewise a branch on a tensor after an earlier break of the same frame (in a resume
+    # function) continues that frame's already-counted split.
+    in_resume = frame.code in resume_mod._origin
+    if not ((getattr(fn, "_ember_callee_of_break", False) or in_resume)
+            and op0.startswith("POP_JUMP")):
+        events.counters["graph_breaks"][text] += 1
+        events.counters["stats"]["graph_breaks"] += 1
+    events.emit("graph_break", reason=text, where=where, function=frame.code.co_name)
+    break_log.info("graph break in %s at %s: %s", frame.code.co_name, where, text)
+
+
 def _break_code(fn: Any, broke: BreakHere, rec: Reconstructor, snapshot: Callable[[str], str],
                 backend: Any, options: dict[str, Any], entry_grad: bool, break_grad: bool,
                 reason: Unsupported) -> list[str]:
@@ -448,16 +469,6 @@ def _break_code(fn: Any, broke: BreakHere, rec: Reconstructor, snapshot: Callabl
     stack = list(frame.stack)
     nxt = frame.instructions[broke.index + 1].offset if broke.index + 1 < len(
         frame.instructions) else None
-    where = f"{frame.code.co_filename}:{(ins.positions.lineno if ins.positions else None) or frame.lineno}"
-    text = reason.reason
-    op0 = ins.opname
-    # A branch on a tensor inside a function that Ember compiles because its caller broke at
-    # the call is the same event the caller already counted (torch.compile counts it once too).
-    if not (getattr(fn, "_ember_callee_of_break", False) and op0.startswith("POP_JUMP")):
-        events.counters["graph_breaks"][text] += 1
-        events.counters["stats"]["graph_breaks"] += 1
-    events.emit("graph_break", reason=text, where=where, function=frame.code.co_name)
-    break_log.info("graph break in %s at %s: %s", frame.code.co_name, where, text)
     tail: list[str] = []
     grad_fix = (f"___torch._C._set_grad_enabled({break_grad})"
                 if break_grad != entry_grad else None)
@@ -551,8 +562,7 @@ def _break_code(fn: Any, broke: BreakHere, rec: Reconstructor, snapshot: Callabl
         tail.append(f"return {resume}")
         return tail
     # Any other instruction: the rest of the frame, from this instruction on, runs as Python.
-    if not any(n.op in ("call_function", "call_method") for n in rec.out.graph.nodes) and \
-            not rec.out.side_effects and not rec.out.mutated_containers:
+    if not any(n.op in ("call_function", "call_method") for n in rec.out.graph.nodes):
         raise Unsupported(reason.reason, where=reason.where)  # nothing gained: run eagerly
     resume = _resume_call(fn, frame, rec, snapshot, ins.offset, stack, [], backend, options,
                           compiled=False)
