@@ -138,8 +138,8 @@ def call_builtin(tr: Any, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> V
         if res is not NotImplemented:
             return res
     if fn is print:
-        raise Unsupported("print() inside a compiled region", hint="a graph break; move the "
-                          "print out of the compiled function or accept the eager fallback")
+        raise Unsupported("print() inside a compiled region", hint="Ember splits the graph "
+                          "here; move the print out of the hot path to keep one graph")
     if fn is super:
         if len(args) == 2:
             return SuperVar(args[0].as_const(), args[1])

@@ -147,6 +147,33 @@ def _inside_loop(code: types.CodeType, index: int) -> bool:
     return False
 
 
+def list_breaks(fn: Callable[..., Any], args: tuple, kwargs: dict) -> list[Unsupported]:
+    """Every graph break a trace of ``fn`` can see (for fullgraph=True errors): the trace goes
+    on past a breaking call with its result unknown, and past a tensor branch on one side."""
+    code = fn.__code__
+    bound = inspect.signature(fn, follow_wrapped=False).bind(*args, **kwargs)
+    bound.apply_defaults()
+    out = OutputGraph(fn.__globals__)
+    tracer = Tracer(out, fn)
+    tracer.collect_breaks = []
+    locals_ = {name: LazyVar(value, name) for name, value in bound.arguments.items()}
+    cells: dict[str, CellVar] = {}
+    if fn.__closure__:
+        for i, (name, cell) in enumerate(zip(code.co_freevars, fn.__closure__)):
+            cells[name] = CellVar(None, real_cell=cell, source=f"___fn.__closure__[{i}]")
+    grad = torch.is_grad_enabled()
+    try:
+        Frame(tracer, code, fn.__globals__, "___G", locals_, cells).run()
+    except Unsupported as e:
+        if not getattr(e, "from_unknown", False) and e not in tracer.collect_breaks:
+            tracer.collect_breaks.append(e)
+    except Exception as e:  # diagnostics only: never hide the first break behind this
+        log.debug("listing breaks stopped: %s", e)
+    finally:
+        torch._C._set_grad_enabled(grad)
+    return tracer.collect_breaks
+
+
 def _convert(fn: Callable[..., Any], args: tuple, kwargs: dict, backend: Any,
              options: dict[str, Any], break_at: tuple[int, int] | None,
              reason: Unsupported | None) -> Callable[..., Any]:
@@ -284,6 +311,8 @@ def _convert(fn: Callable[..., Any], args: tuple, kwargs: dict, backend: Any,
     entry = build_entry(fn, out, compiled, input_exprs, body)
     entry.graph_module = gm  # type: ignore[attr-defined]
     events.counters["stats"]["entries"] += 1
+    events.emit("entry_guards", function=f"{code.co_name} ({code.co_filename}:"
+                f"{code.co_firstlineno})", guards=list(out.guards.exprs))
     events.emit("timing", stage="capture", function=code.co_name,
                 seconds=time.perf_counter() - t0)
     return entry

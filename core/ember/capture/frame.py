@@ -64,8 +64,22 @@ def _key(fn: Any) -> Any:
 
 
 def mark_disabled(fn: Any) -> Any:
+    """ember.disable: ``fn`` is never compiled, and nothing it calls is either."""
+    import functools
+
     _disabled.add(_key(fn))
-    return fn
+    if not callable(fn) or isinstance(fn, type):
+        return fn
+
+    @functools.wraps(fn)
+    def disabled(*args: Any, **kwargs: Any) -> Any:
+        _tls.disabled = getattr(_tls, "disabled", 0) + 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _tls.disabled -= 1
+    _disabled.add(_key(disabled))
+    return disabled
 
 
 def is_disabled(fn: Any) -> bool:
@@ -139,7 +153,7 @@ class CompiledFunction:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.bound_self is not None:
             args = (self.bound_self, *args)
-        if is_compiling() or _key(self.fn) in _disabled:
+        if is_compiling() or getattr(_tls, "disabled", 0) or _key(self.fn) in _disabled:
             return self.fn(*args, **kwargs)
         cache = self.cache
         for entry in cache.entries:
@@ -170,7 +184,7 @@ class CompiledFunction:
             entry = self._compile(args, kwargs)
         except (GraphBreakError, Unsupported) as e:
             if self.fullgraph:
-                raise
+                raise self._fullgraph_error(e, args, kwargs) from None
             self._fallback(e)
             return self.fn(*args, **kwargs)
         except EmberError as e:
@@ -193,6 +207,24 @@ class CompiledFunction:
             cache.entries.remove(entry)
             return self.fn(*args, **kwargs)
         return out
+
+    def _fullgraph_error(self, e: BaseException, args: tuple, kwargs: dict) -> GraphBreakError:
+        if isinstance(e, GraphBreakError):
+            return e
+        from .convert import list_breaks
+        try:
+            with _Compiling():
+                found = list_breaks(self.fn, args, kwargs) or [e]
+        except Exception:
+            found = [e]
+        items = "\n".join(f"  {i}. {b}" for i, b in enumerate(found, 1))
+        err = GraphBreakError(
+            f"ember.compile(fullgraph=True): {_user_location(self.fn)} does not capture as one "
+            f"graph; {len(found)} graph break(s):\n{items}\n"
+            "Remove or rewrite these (the hint under each says how), or compile without "
+            "fullgraph=True to let Ember split the function around them.")
+        err.breaks = found  # type: ignore[attr-defined]
+        return err
 
     def _fallback(self, e: BaseException, internal: bool = False) -> None:
         events.counters["stats"]["fallbacks"] += 1

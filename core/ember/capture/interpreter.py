@@ -49,6 +49,14 @@ class LazyVar(Var):
         self.source = source
 
 
+class UnknownVar(Var):
+    """A value that only exists at run time (the result of a call that breaks the graph), met
+    while listing breaks for fullgraph=True diagnostics. Any use of it ends the listing."""
+
+    def describe(self) -> str:
+        return "a value produced after an earlier graph break"
+
+
 class BreakHere(Exception):
     """Raised in the root frame at the instruction where a graph break was decided."""
 
@@ -98,6 +106,9 @@ class Tracer:
         self.frames: list["Frame"] = []
         #: (instruction index, n-th execution) in the root frame where to stop and break.
         self.break_at: tuple[int, int] | None = None
+        #: fullgraph diagnostics: when a list, breaks in the root frame are recorded and tracing
+        #: goes on past them (a call's result becomes unknown) to list every break it can.
+        self.collect_breaks: list[Unsupported] | None = None
 
     # =========================================================================================
     # Wrapping real values
@@ -939,6 +950,14 @@ class Frame:
                 handler = getattr(self, ins.opname, None)
                 if handler is None:
                     raise Unsupported(f"bytecode {ins.opname} is not supported")
+                if tracer.collect_breaks is not None and self.stack and \
+                        ins.opname not in _STACK_SHUFFLES and any(
+                            isinstance(v, UnknownVar) for v in (
+                                self.stack if ins.opname.startswith("CALL") else
+                                self.stack[-3:])):
+                    err = Unsupported("uses a value produced after an earlier graph break")
+                    err.from_unknown = True  # type: ignore[attr-defined]
+                    raise err
                 try:
                     handler(ins)
                 except _Return as r:
@@ -952,9 +971,23 @@ class Frame:
                                   (f"\n  {e.hint}" if e.hint else ""),)
                     if is_root and getattr(e, "break_point", None) is None:
                         e.break_point = (idx, counts[idx])  # type: ignore[attr-defined]
+                    if is_root and tracer.collect_breaks is not None and \
+                            not getattr(e, "from_unknown", False) and \
+                            self._continue_past(ins, e):
+                        continue
                     raise
         finally:
             self.tracer.frames.pop()
+
+    def _continue_past(self, ins: dis.Instruction, e: Unsupported) -> bool:
+        """fullgraph diagnostics: record ``e`` and keep tracing after a call (its result
+        unknown) or a branch (taking the fall-through path)."""
+        self.tracer.collect_breaks.append(e)  # type: ignore[union-attr]
+        if ins.opname in ("CALL", "CALL_FUNCTION_EX"):
+            self.push(UnknownVar())
+            self.kw_names = ()
+            return True
+        return ins.opname.startswith("POP_JUMP")
 
     def push(self, v: Var) -> None:
         self.stack.append(v)
@@ -1551,6 +1584,11 @@ class Frame:
 
     def SETUP_ANNOTATIONS(self, ins):
         raise Unsupported("annotations setup")
+
+
+_STACK_SHUFFLES = {"STORE_FAST", "POP_TOP", "COPY", "SWAP", "LOAD_FAST", "LOAD_CONST",
+                   "LOAD_GLOBAL", "PUSH_NULL", "NOP", "RESUME", "PRECALL", "KW_NAMES",
+                   "LOAD_DEREF", "RETURN_VALUE"}
 
 
 def _key(v: Var) -> Any:
