@@ -18,8 +18,8 @@ print("backends", ember.list_backends())
 PY
 rc=0
 if [ "$what" = tests ] || [ "$what" = all ]; then
-  python3 -m pytest -q -p no:cacheprovider tests/capture tests/breaks tests/aot -x -q \
-    2>&1 | tee "$OUT/tests.log" | tail -40
+  timeout "${TEST_TIMEOUT:-400}" python3 -m pytest -q -p no:cacheprovider \
+    tests/capture tests/breaks tests/aot 2>&1 | tee "$OUT/tests.log" | grep -E "^(FAILED|ERROR)|passed|failed" | tail -40
   rc=${PIPESTATUS[0]}
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
