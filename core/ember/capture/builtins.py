@@ -674,11 +674,11 @@ def _len(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
         return ConstVar(len(v.value))
     if isinstance(v, DataclassVar) and _is_model_output(v.cls):
         return ConstVar(len(tr.iterate(v)))
-    if isinstance(v, ObjectVar):
-        ln = inspect.getattr_static(type(v.value), "__len__", None)
+    if isinstance(v, (ObjectVar, DataclassVar)):
+        ln = inspect.getattr_static(v.python_type(), "__len__", None)
         if isinstance(ln, types.FunctionType):
             return tr.call(FunctionVar(ln), [v], {})
-        if ln is not None:  # a C-level __len__ (mappingproxy, OrderedDict...)
+        if ln is not None and isinstance(v, ObjectVar):  # a C-level __len__ (mappingproxy...)
             return ConstVar(len(v.value))
     raise Unsupported(f"len() of {v.describe()}")
 

@@ -843,6 +843,16 @@ class Tracer:
         if isinstance(v, DataclassVar) and _is_model_output(v.cls):
             return [ConstVar(k) for k, f in v.fields.items()
                     if not (isinstance(f, ConstVar) and f.value is None)]
+        if isinstance(v, (DataclassVar, ObjectVar)):
+            cls = v.python_type()
+            it = inspect.getattr_static(cls, "__iter__", None)
+            import collections.abc as cabc
+            if issubclass(cls, cabc.Sequence) and getattr(it, "__module__", "") in \
+                    ("_collections_abc", "collections.abc"):
+                # Sequence's mixin __iter__ stops on IndexError: iterate by len() instead.
+                from .builtins import call_builtin, getitem
+                n = call_builtin(self, len, [v], {}).as_const()
+                return [getitem(self, v, ConstVar(i)) for i in range(n)]
         if isinstance(v, ObjectVar):
             it = inspect.getattr_static(type(v.value), "__iter__", None)
             if isinstance(it, types.FunctionType):

@@ -245,7 +245,7 @@ class Reconstructor:
             if v.guard_pending and v.source is not None:
                 return v.source  # forwarded untouched: no need to specialize on it
             val = v.value
-            if isinstance(val, _SIMPLE_CONSTS) and not (isinstance(val, float) and
+            if type(val) in _SIMPLE_CONSTS and not (isinstance(val, float) and
                                                         (val != val or val in (float("inf"),
                                                                                float("-inf")))):
                 return repr(val)
@@ -332,7 +332,7 @@ class Reconstructor:
         raise Unsupported(f"cannot return {v.describe()} from a compiled region")
 
     def key_expr(self, k: Any) -> str:
-        if isinstance(k, _SIMPLE_CONSTS):
+        if type(k) in _SIMPLE_CONSTS:
             return repr(k)
         return self.out.ns(k, "key")
 
@@ -389,7 +389,12 @@ def build_entry(fn: Callable[..., Any], out: OutputGraph, compiled: Callable[...
     explain_lines.append("    return None")
     src_explain = "\n".join(explain_lines) + "\n"
     filename = f"<ember entry for {code.co_name} at {code.co_filename}:{code.co_firstlineno}>"
-    exec(compile(src, filename, "exec"), ns)
+    try:
+        compiled_src = compile(src, filename, "exec")
+    except SyntaxError as e:  # an Ember bug: show what was generated
+        raise SyntaxError(f"{e.msg} in generated entry line {e.lineno}: "
+                          f"{src.splitlines()[(e.lineno or 1) - 1]!r}") from e
+    exec(compiled_src, ns)
     exec(compile(src_explain, filename, "exec"), ns)
     entry = ns["___entry"]
     explain = ns["___failed_guard"]
