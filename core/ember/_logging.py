@@ -32,6 +32,12 @@ def enabled(name: str) -> bool:
 def set_logs(spec: str | None) -> None:
     """Enable artifacts from a comma-separated spec such as ``"graph,guards"`` or ``"+all"``."""
     global _handler
+    for n in _enabled:  # switch off what an earlier call switched on
+        lg = logging.getLogger(f"ember.{n}")
+        lg.setLevel(logging.NOTSET)
+        if _handler is not None and _handler in lg.handlers:
+            lg.removeHandler(_handler)
+        lg.propagate = True
     _enabled.clear()
     if not spec:
         return

@@ -108,14 +108,25 @@ class CodeCache:
         self.last_failed_guard: str | None = None
 
 
-_code_caches: dict[types.CodeType, CodeCache] = {}
+_code_caches: dict[tuple, CodeCache] = {}
 
 
-def cache_for(code: types.CodeType) -> CodeCache:
-    c = _code_caches.get(code)
+def cache_for(code: types.CodeType, key: tuple = ()) -> CodeCache:
+    """The entries of ``code`` compiled under ``key`` (backend, options, fullgraph): the same
+    function compiled for two backends keeps two sets of entries."""
+    c = _code_caches.get((code, key))
     if c is None:
-        c = _code_caches[code] = CodeCache(code)
+        c = _code_caches[(code, key)] = CodeCache(code)
     return c
+
+
+def _cache_key(backend: Any, options: dict[str, Any], fullgraph: bool) -> tuple:
+    try:
+        opts = tuple(sorted((k, repr(v)) for k, v in options.items()))
+    except Exception:
+        opts = (repr(options),)
+    return (getattr(backend, "name", None), id(getattr(backend, "compile", backend)), opts,
+            bool(fullgraph))
 
 
 def reset_caches() -> None:
@@ -148,7 +159,7 @@ class CompiledFunction:
         if code is None:
             raise TypeError(f"ember.compile: cannot compile {fn!r}: it has no Python bytecode "
                             "(builtin or C function). Compile the Python function that calls it.")
-        self.cache = cache_for(code)
+        self.cache = cache_for(code, _cache_key(backend, options, fullgraph))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.bound_self is not None:

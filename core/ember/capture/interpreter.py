@@ -776,9 +776,12 @@ class Tracer:
             raise Unsupported(f"{type(m).__name__} has forward hooks with kwargs")
         src = mv.source
         if src is not None:
-            self.out.guards.add(
-                f"list(({src})._forward_pre_hooks) == {list(m._forward_pre_hooks)!r} and "
-                f"list(({src})._forward_hooks) == {list(m._forward_hooks)!r}")
+            if not m._forward_pre_hooks and not m._forward_hooks:
+                self.out.guards.add(f"not ({src})._forward_pre_hooks and not ({src})._forward_hooks")
+            else:
+                self.out.guards.add(
+                    f"list(({src})._forward_pre_hooks) == {list(m._forward_pre_hooks)!r} and "
+                    f"list(({src})._forward_hooks) == {list(m._forward_hooks)!r}")
         for hid, hook in m._forward_pre_hooks.items():
             hv = self.wrap(hook, f"({src})._forward_pre_hooks[{hid}]" if src else None)
             res = self.call(hv, [mv, TupleVar(args)], {})
