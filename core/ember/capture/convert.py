@@ -295,7 +295,7 @@ def _convert(fn: Callable[..., Any], args: tuple, kwargs: dict, backend: Any,
         gm = torch.fx.GraphModule(torch.nn.Module(), graph, class_name="EmberGraph")
         gm.recompile()
         example_inputs = [value for _, _, value in used]
-        input_exprs = [source for _, source, _ in used]
+        input_exprs = [out.fetch.get(source, source) for _, source, _ in used]
         n_ops = sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method"))
         events.counters["stats"]["graphs"] += 1
         events.counters["stats"]["ops"] += n_ops

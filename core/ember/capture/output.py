@@ -121,6 +121,8 @@ class OutputGraph:
         #: Distinct tensor objects read from arguments: they must stay distinct (aliasing
         #: changes the meaning of in-place ops, identity tests and sets).
         self.arg_tensor_sources: list[str] = []
+        #: Cheaper expressions to fetch an input once the guards hold (identity-guarded ones).
+        self.fetch: dict[str, str] = {}
         self.var_by_source: dict[str, Var] = {}
         # side effects to replay after the graph runs, in program order
         self.side_effects: list[tuple[str, Any]] = []
@@ -157,8 +159,12 @@ class OutputGraph:
         if not is_param:
             self.arg_tensor_sources.append(source)
         if is_param:
-            self.guards.add(f"({source}) is {self.ns(value, 'p')}")
-            self.guards.add(f"({source}).requires_grad is {bool(value.requires_grad)}")
+            # Identity first; after it holds, the namespace reference *is* the parameter, so the
+            # requires_grad check and the graph input read it without walking the path again.
+            ref = self.ns(value, 'p')
+            self.guards.add(f"({source}) is {ref}")
+            self.guards.add(f"{ref}.requires_grad is {bool(value.requires_grad)}")
+            self.fetch[source] = ref
         else:
             self.guards.add(self.tensor_guard(source, value))
         return var
