@@ -89,6 +89,11 @@ def compile(model: Any = None, *, backend: str | Callable[..., Any] | Backend = 
     if disable:
         return model
     _check_python()
+    if dynamic:
+        import logging
+        logging.getLogger("ember").warning(
+            "ember.compile(dynamic=True): Ember compiles static shapes only for now; a new input "
+            "shape recompiles (up to ember.config.recompile_limit). Pass dynamic=None to silence.")
     be = get_backend(backend)  # unknown names fail here, at compile(), with the list of backends
     opts = dict(options or {})
     if mode is not None:
