@@ -147,23 +147,36 @@ def _inside_loop(code: types.CodeType, index: int) -> bool:
     return False
 
 
-def list_breaks(fn: Callable[..., Any], args: tuple, kwargs: dict) -> list[Unsupported]:
-    """Every graph break a trace of ``fn`` can see (for fullgraph=True errors): the trace goes
-    on past a breaking call with its result unknown, and past a tensor branch on one side."""
+def _root_frame(fn: Callable[..., Any], args: tuple, kwargs: dict, tracer: Tracer) -> Frame:
+    """The frame of a call of ``fn``: its arguments as lazily wrapped locals (sources are the
+    parameter names of the entry function), its closure cells by ``___fn.__closure__``."""
     code = fn.__code__
-    bound = inspect.signature(fn, follow_wrapped=False).bind(*args, **kwargs)
+    try:
+        bound = inspect.signature(fn, follow_wrapped=False).bind(*args, **kwargs)
+    except TypeError as e:
+        raise Unsupported(f"arguments do not match the signature of {code.co_name}: {e}")
     bound.apply_defaults()
-    out = OutputGraph(fn.__globals__)
-    tracer = Tracer(out, fn)
-    tracer.collect_breaks = []
     locals_ = {name: LazyVar(value, name) for name, value in bound.arguments.items()}
     cells: dict[str, CellVar] = {}
     if fn.__closure__:
         for i, (name, cell) in enumerate(zip(code.co_freevars, fn.__closure__)):
             cells[name] = CellVar(None, real_cell=cell, source=f"___fn.__closure__[{i}]")
+    frame = Frame(tracer, code, fn.__globals__, "___G", locals_, cells)
+    for name in code.co_cellvars:
+        cv = frame.cells[name].value
+        if isinstance(cv, LazyVar):
+            frame.cells[name].value = tracer.wrap(cv.value, cv.source)
+    return frame
+
+
+def list_breaks(fn: Callable[..., Any], args: tuple, kwargs: dict) -> list[Unsupported]:
+    """Every graph break a trace of ``fn`` can see (for fullgraph=True errors): the trace goes
+    on past a breaking call with its result unknown, and past a tensor branch on one side."""
+    tracer = Tracer(OutputGraph(fn.__globals__), fn)
+    tracer.collect_breaks = []
     grad = torch.is_grad_enabled()
     try:
-        Frame(tracer, code, fn.__globals__, "___G", locals_, cells).run()
+        _root_frame(fn, args, kwargs, tracer).run()
     except Unsupported as e:
         if not getattr(e, "from_unknown", False) and e not in tracer.collect_breaks:
             tracer.collect_breaks.append(e)
@@ -182,28 +195,14 @@ def _convert(fn: Callable[..., Any], args: tuple, kwargs: dict, backend: Any,
     if code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR):
         raise Unsupported(f"{code.co_name} is a generator or coroutine; Ember compiles plain "
                           "functions", where=f"{code.co_filename}:{code.co_firstlineno}")
-    try:
-        bound = inspect.signature(fn, follow_wrapped=False).bind(*args, **kwargs)
-    except TypeError as e:
-        raise Unsupported(f"arguments do not match the signature of {code.co_name}: {e}")
-    bound.apply_defaults()
     out = OutputGraph(fn.__globals__)
     out.namespace["___fn"] = fn
     tracer = Tracer(out, fn)
     tracer.break_at = break_at
-    locals_ = {name: LazyVar(value, name) for name, value in bound.arguments.items()}
-    cells: dict[str, CellVar] = {}
-    if fn.__closure__:
-        for i, (name, cell) in enumerate(zip(code.co_freevars, fn.__closure__)):
-            cells[name] = CellVar(None, real_cell=cell, source=f"___fn.__closure__[{i}]")
+    frame = _root_frame(fn, args, kwargs, tracer)
     grad = torch.is_grad_enabled()
     out.guards.add(f"___torch.is_grad_enabled() is {grad}")
     out.guards.add(f"___torch.get_default_dtype() is {out.ns(torch.get_default_dtype(), 'dtype')}")
-    frame = Frame(tracer, code, fn.__globals__, "___G", locals_, cells)
-    for name in code.co_cellvars:
-        cv = frame.cells[name].value
-        if isinstance(cv, LazyVar):
-            frame.cells[name].value = tracer.wrap(cv.value, cv.source)
     broke: BreakHere | None = None
     break_grad = grad
     autocast_state = [(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d))
