@@ -111,13 +111,15 @@ def compile(model: Any = None, *, backend: str | Callable[..., Any] | Backend = 
 
 
 def disable(fn: F | None = None, *, recursive: bool = True) -> Any:
-    """Never compile ``fn`` nor anything it calls; inside a compiled region a call to it is a
-    graph break that runs it eagerly. Usable as a decorator."""
+    """Never compile ``fn`` nor (``recursive=True``, the default) anything it calls; inside a
+    compiled region a call to it is a graph break that runs it eagerly. With
+    ``recursive=False`` only ``fn`` itself is excluded: ember-compiled functions it calls still
+    run compiled. Usable as a decorator."""
     if fn is None:
         return functools.partial(disable, recursive=recursive)
     from .capture.frame import mark_disabled
 
-    return mark_disabled(fn)
+    return mark_disabled(fn, recursive=recursive)
 
 
 def reset() -> None:

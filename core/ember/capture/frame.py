@@ -63,12 +63,12 @@ def _key(fn: Any) -> Any:
     return getattr(fn, "__code__", fn)
 
 
-def mark_disabled(fn: Any) -> Any:
-    """ember.disable: ``fn`` is never compiled, and nothing it calls is either."""
+def mark_disabled(fn: Any, recursive: bool = True) -> Any:
+    """ember.disable: ``fn`` is never compiled, and (recursive) nothing it calls is either."""
     import functools
 
     _disabled.add(_key(fn))
-    if not callable(fn) or isinstance(fn, type):
+    if not recursive or not callable(fn) or isinstance(fn, type):
         return fn
 
     @functools.wraps(fn)
