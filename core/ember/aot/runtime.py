@@ -57,6 +57,13 @@ def _copy_back(info: GraphInfo, inputs: Sequence[torch.Tensor],
                 inputs[i].copy_(v)
 
 
+def _no_autocast() -> Any:
+    """The ATen graphs already hold the casts that autocast made while they were traced; running
+    them under an active autocast would cast a second time (e.g. inside regions the model runs
+    with autocast disabled, such as rotary embeddings)."""
+    return torch._C._DisableAutocast()
+
+
 @dataclasses.dataclass
 class ForwardOnly:
     """Inference: one forward graph, no autograd bookkeeping."""
@@ -66,7 +73,8 @@ class ForwardOnly:
     graph: Any = None  # the functional ATen forward graph (for inspection)
 
     def __call__(self, inputs: Sequence[torch.Tensor]) -> Any:
-        outs = self.fw(*inputs)
+        with _no_autocast():
+            outs = self.fw(*inputs)
         n = len(self.info.graph_out_flat)
         _copy_back(self.info, inputs, outs[n:n + len(self.info.mutated)])
         return _regenerate(self.info, inputs, outs[:n])
@@ -95,7 +103,8 @@ class Training:
         class CompiledFunction(torch.autograd.Function):
             @staticmethod
             def forward(ctx: Any, *inputs: torch.Tensor) -> Any:
-                outs = fw(*inputs)
+                with _no_autocast():
+                    outs = fw(*inputs)
                 fwd, saved = outs[:runtime.n_fwd], outs[runtime.n_fwd:runtime.n_fwd + n_saved]
                 ctx.save_for_backward(*saved)
                 ctx.set_materialize_grads(False)
@@ -126,7 +135,8 @@ class Training:
                     return (None,) * n_inputs
                 if runtime._bw is None:
                     runtime._bw = runtime._bw_compile()
-                gin = runtime._bw(*saved, *tangents)
+                with _no_autocast():
+                    gin = runtime._bw(*saved, *tangents)
                 result: list[Any] = [None] * n_inputs
                 for i, g, d in zip(runtime.rg_idx, gin, grad_deps):
                     # as in eager, no gradient for inputs reaching only outputs unused in the loss

@@ -53,7 +53,10 @@ def _user_tensors(gm: torch.fx.GraphModule, xs: Sequence[torch.Tensor]) -> list[
 def _functionalize(g1: torch.fx.GraphModule, fakes: Sequence[torch.Tensor], mode: FakeTensorMode,
                    decomps: Mapping[Any, Any]) -> torch.fx.GraphModule:
     def replay(*args: Any) -> Any:
-        return torch.fx.Interpreter(g1).run(*args)
+        # g1 already holds the casts autocast made in pass 1: replaying it under an active
+        # autocast would cast again (and ignore regions the program ran with autocast off).
+        with torch._C._DisableAutocast():
+            return torch.fx.Interpreter(g1).run(*args)
 
     fn = torch.func.functionalize(replay, remove="mutations")
     with mode:

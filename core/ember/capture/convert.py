@@ -203,6 +203,14 @@ def _convert(fn: Callable[..., Any], args: tuple, kwargs: dict, backend: Any,
     grad = torch.is_grad_enabled()
     out.guards.add(f"___torch.is_grad_enabled() is {grad}")
     out.guards.add(f"___torch.get_default_dtype() is {out.ns(torch.get_default_dtype(), 'dtype')}")
+    # Ambient autocast: graphs (and AOT's baked-in casts) are only valid under the same state.
+    for dev in ("cpu", "cuda"):
+        if torch.is_autocast_enabled(dev):
+            dt = torch.get_autocast_dtype(dev)
+            out.guards.add(f"___torch.is_autocast_enabled({dev!r}) and "
+                           f"___torch.get_autocast_dtype({dev!r}) is {out.ns(dt, str(dt))}")
+        else:
+            out.guards.add(f"not ___torch.is_autocast_enabled({dev!r})")
     broke: BreakHere | None = None
     break_grad = grad
     autocast_state = [(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d))
