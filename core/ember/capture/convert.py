@@ -510,17 +510,11 @@ def _break_code(fn: Any, broke: BreakHere, rec: Reconstructor, snapshot: Callabl
                 if break_grad != entry_grad else None)
     op = ins.opname
     orig_code, orig_offset = resume_mod.original_position(frame.code, ins.offset)
-    if _in_try_block(orig_code, orig_offset):
-        # Performing the instruction in the entry would take it out of its try block: run the
-        # rest of the frame, this instruction included, as Python so the handler stays in force.
-        resume = _resume_call(fn, frame, rec, snapshot, ins.offset, stack, [], backend, options,
-                              compiled=False)
-        if grad_fix:
-            tail.append(grad_fix)
-        tail.append(f"return {resume}")
-        return tail
+    # Performing the instruction in the entry would take it out of a try block: then the rest of
+    # the frame, this instruction included, runs as Python so the handler stays in force.
+    in_try = _in_try_block(orig_code, orig_offset)
     exits = [v for v in stack if type(v).__name__ == "ExitVar"]
-    if op in ("CALL", "CALL_FUNCTION_EX") and nxt is not None:
+    if op in ("CALL", "CALL_FUNCTION_EX") and nxt is not None and not in_try:
         if op == "CALL":
             argc = ins.arg
             items = stack[len(stack) - argc - 2:]
@@ -566,7 +560,7 @@ def _break_code(fn: Any, broke: BreakHere, rec: Reconstructor, snapshot: Callabl
         tail.append(f"return {resume}")
         return tail
     if op.startswith("POP_JUMP") and ("IF_FALSE" in op or "IF_TRUE" in op) and \
-            stack and isinstance(stack[-1], TensorVar) and nxt is not None:
+            stack and isinstance(stack[-1], TensorVar) and nxt is not None and not in_try:
         cond = snapshot(rec.expr(stack[-1]))
         rest = stack[:-1]
         jump_when = "IF_TRUE" in op
@@ -581,7 +575,8 @@ def _break_code(fn: Any, broke: BreakHere, rec: Reconstructor, snapshot: Callabl
         tail.append(f"return {on_next}")
         return tail
     simple = _SIMPLE_BREAK_OPS.get(op)
-    if simple is not None and nxt is not None and not (op == "LOAD_ATTR" and ins.arg & 1):
+    if simple is not None and nxt is not None and not in_try and \
+            not (op == "LOAD_ATTR" and ins.arg & 1):
         n, fmt = simple
         operands = [snapshot(rec.expr(v)) for v in stack[len(stack) - n:]]
         below = stack[:len(stack) - n]
@@ -597,7 +592,8 @@ def _break_code(fn: Any, broke: BreakHere, rec: Reconstructor, snapshot: Callabl
         tail.append(f"___res = {expr}")
         tail.append(f"return {resume}")
         return tail
-    # Any other instruction: the rest of the frame, from this instruction on, runs as Python.
+    # Any other instruction (or one inside a try block): the rest of the frame, from this
+    # instruction on, runs as Python.
     if not any(n.op in ("call_function", "call_method") for n in rec.out.graph.nodes):
         raise Unsupported(reason.reason, where=reason.where)  # nothing gained: run eagerly
     resume = _resume_call(fn, frame, rec, snapshot, ins.offset, stack, [], backend, options,

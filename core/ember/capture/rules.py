@@ -122,8 +122,7 @@ def is_torch_op(fn: Any) -> bool:
             return False
         return mod.startswith("torch.") and not mod.startswith(("torch.utils", "torch.fx",
                                                                 "torch.jit", "torch._jit",
-                                                                "torch.nn.init", "torch.overrides",
-                                                                "torch._dynamo"))
+                                                                "torch.nn.init", "torch.overrides"))
     return False
 
 
