@@ -12,7 +12,7 @@ import torch
 from .. import events
 from .._logging import enabled
 from .analysis import GraphInfo, analyze
-from .partition import partition_joint, saved_bytes
+from .partition import partition_joint
 from .runtime import ForwardOnly, Training
 from .trace import trace_forward, trace_joint
 

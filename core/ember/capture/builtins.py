@@ -18,7 +18,7 @@ from ..exc import Unsupported
 from . import rules
 from .variables import (AutocastVar, BoundMethodVar, BuiltinVar, ClassVar, ConstVar,
                         ContainerMethodVar, DataclassVar, DictVar, ExitVar, FunctionVar,
-                        GeneratorResultVar, GradModeVar, IteratorVar, ListVar, NestedFunctionVar,
+                        GradModeVar, IteratorVar, ListVar, NestedFunctionVar,
                         NNModuleVar, ObjectVar, PyModuleVar, SetVar, SuperVar, TensorMethodVar,
                         TensorVar, TupleVar, Var)
 
@@ -1022,5 +1022,5 @@ _BUILTIN_HANDLERS: dict[Any, Any] = {
     divmod: _divmod_round(divmod), pow: _divmod_round(pow), str: _str, repr: _str,
 }
 
-_ = (builtins, math, GeneratorResultVar, NestedFunctionVar, ContainerMethodVar, PyModuleVar,
+_ = (builtins, math, NestedFunctionVar, ContainerMethodVar, PyModuleVar,
      TensorMethodVar)

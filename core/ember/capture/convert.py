@@ -27,7 +27,7 @@ from ..exc import Unsupported
 from . import resume as resume_mod
 from .interpreter import BreakHere, Frame, LazyVar, Tracer
 from .output import OutputGraph, Reconstructor, build_entry
-from .variables import (BoundMethodVar, CellVar, DictVar, FunctionVar, GeneratorResultVar,
+from .variables import (BoundMethodVar, CellVar, DictVar, FunctionVar,
                         IteratorVar, ListVar, NNModuleVar, NullVar, ObjectVar, SetVar, TensorVar,
                         Var)
 
@@ -332,9 +332,8 @@ def _convert(fn: Callable[..., Any], args: tuple, kwargs: dict, backend: Any,
 def _stack_arg(rec: Reconstructor, snapshot: Callable[[str], str], v: Var) -> tuple[str, str]:
     if isinstance(v, NullVar):
         return resume_mod.STACK_NULL, ""
-    if isinstance(v, (IteratorVar, GeneratorResultVar)):
-        items = v.rest() if isinstance(v, IteratorVar) else v.items
-        return resume_mod.STACK_ITER, snapshot("[" + ", ".join(rec.expr(i) for i in items) + "]")
+    if isinstance(v, IteratorVar):
+        return resume_mod.STACK_ITER, snapshot("[" + ", ".join(rec.expr(i) for i in v.rest()) + "]")
     return resume_mod.STACK_PLAIN, snapshot(rec.expr(v))
 
 

@@ -10,12 +10,9 @@ rebuilds the return value. Dispatch is therefore a loop over entries with one na
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 import types
 from typing import Any, Callable
-
-import torch
 
 from .. import config, events
 from ..exc import EmberError, GraphBreakError, Unsupported
@@ -160,11 +157,13 @@ class CompiledFunction:
             raise TypeError(f"ember.compile: cannot compile {fn!r}: it has no Python bytecode "
                             "(builtin or C function). Compile the Python function that calls it.")
         self.cache = cache_for(code, _cache_key(backend, options, fullgraph))
+        self._code_key = code
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.bound_self is not None:
             args = (self.bound_self, *args)
-        if is_compiling() or getattr(_tls, "disabled", 0) or _key(self.fn) in _disabled:
+        if getattr(_tls, "depth", 0) or getattr(_tls, "disabled", 0) or \
+                self._code_key in _disabled:
             return self.fn(*args, **kwargs)
         cache = self.cache
         for entry in cache.entries:

@@ -29,7 +29,7 @@ from . import rules
 from .output import OutputGraph
 from .variables import (AutocastVar, BoundMethodVar, BuiltinVar, CellVar, ClassVar, ConstVar,
                         ContainerMethodVar, DataclassVar, DictVar, ExitVar, FunctionVar,
-                        GeneratorResultVar, GradModeVar, IteratorVar, ListVar, NestedFunctionVar,
+                        GradModeVar, IteratorVar, ListVar, NestedFunctionVar,
                         NNModuleVar, NullVar, ObjectVar, PyModuleVar, SetVar, SuperVar,
                         TensorMethodVar, TensorVar, TupleVar, Var, PartialVar)
 
@@ -176,7 +176,6 @@ class Tracer:
         if isinstance(value, (range, slice)):
             return const(f"({source}) == {value!r}")
         if isinstance(value, torch.nn.Module):
-            from .frame import CompiledFunction  # noqa: F401
             g(f"({source}) is {out.ns(value, type(value).__name__)}")
             return NNModuleVar(value, source)
         if isinstance(value, types.ModuleType):
@@ -267,9 +266,6 @@ class Tracer:
         if isinstance(v, SetVar) and v.is_const():
             c = v.as_const()
             return c, c
-        if isinstance(v, GeneratorResultVar):
-            pairs = [self._to_node_and_fake(i) for i in v.items]
-            return [p[0] for p in pairs], [p[1] for p in pairs]
         raise Unsupported(f"cannot pass {v.describe()} to a torch operation")
 
     def graph_call(self, op: str, target: Any, args: list[Var], kwargs: dict[str, Var],
@@ -810,8 +806,6 @@ class Tracer:
             return list(v.items)
         if isinstance(v, IteratorVar):
             return v.remaining()
-        if isinstance(v, GeneratorResultVar):
-            return list(v.items)
         if isinstance(v, DictVar):
             return [ConstVar(k) if not isinstance(k, Var) else k for k in v.items]
         if isinstance(v, SetVar):
@@ -888,7 +882,7 @@ class Tracer:
             if not hasattr(t, "__bool__") and not hasattr(t, "__len__"):
                 return True
             return bool(v.value)
-        if isinstance(v, GeneratorResultVar):
+        if isinstance(v, IteratorVar):  # iterators and generators are always true
             return True
         raise Unsupported(f"truth value of {v.describe()}")
 
@@ -924,7 +918,6 @@ class Frame:
         self.stack: list[Var] = []
         self.ip = 0
         self.kw_names: tuple[str, ...] = ()
-        self.yields: list[Var] | None = None
         self.is_generator = False
         self.lineno = code.co_firstlineno
 

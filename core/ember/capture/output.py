@@ -18,7 +18,7 @@ from .. import _logging
 from ..exc import Unsupported
 from .variables import (BoundMethodVar, BuiltinVar, CellVar, ClassVar, ConstVar,
                         ContainerMethodVar, DataclassVar, DictVar, ExitVar, FunctionVar,
-                        GeneratorResultVar, IteratorVar, ListVar, NestedFunctionVar, NNModuleVar,
+                        IteratorVar, ListVar, NestedFunctionVar, NNModuleVar,
                         ObjectVar, PartialVar, PyModuleVar, SetVar, TensorMethodVar, TensorVar,
                         TupleVar, Var)
 
@@ -238,7 +238,7 @@ class Reconstructor:
         if memo is not None and allow_source:
             return memo
         mutable = isinstance(v, (ListVar, DictVar, SetVar, DataclassVar, IteratorVar, CellVar,
-                                 NestedFunctionVar, GeneratorResultVar, ExitVar))
+                                 NestedFunctionVar, ExitVar))
         if mutable and allow_source and getattr(v, "source", None) is None:
             return self._temp(v, self._expr(v, allow_source=allow_source))
         return self._expr(v, allow_source=allow_source)
@@ -297,9 +297,8 @@ class Reconstructor:
                 return f"___mkobj({out.ns(v.cls, v.cls.__name__)}, {{{inner}}})"
             inner = ", ".join(f"{k}={self.expr(val)}" for k, val in v.fields.items())
             return f"{out.ns(v.cls, v.cls.__name__)}({inner})"
-        if isinstance(v, (IteratorVar, GeneratorResultVar)):
-            items = v.rest() if isinstance(v, IteratorVar) else v.items
-            return "iter([" + ", ".join(self.expr(i) for i in items) + "])"
+        if isinstance(v, IteratorVar):
+            return "iter([" + ", ".join(self.expr(i) for i in v.rest()) + "])"
         if isinstance(v, BoundMethodVar):
             return f"___MethodType({self.expr(v.fn)}, {self.expr(v.self_var)})"
         if isinstance(v, TensorMethodVar):

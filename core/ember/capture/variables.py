@@ -20,7 +20,7 @@ __all__ = [
     "Var", "ConstVar", "TensorVar", "TupleVar", "ListVar", "DictVar", "SetVar", "NullVar",
     "IteratorVar", "NNModuleVar", "FunctionVar", "NestedFunctionVar", "BoundMethodVar",
     "BuiltinVar", "ObjectVar", "PyModuleVar", "ClassVar", "CellVar", "SuperVar", "GradModeVar",
-    "DataclassVar", "TensorMethodVar", "ContainerMethodVar", "GeneratorResultVar", "AutocastVar",
+    "DataclassVar", "TensorMethodVar", "ContainerMethodVar", "AutocastVar",
     "ExitVar",
 ]
 
@@ -492,13 +492,6 @@ class ExitVar(Var):
     def __init__(self, ctx: Var, restore: Any):
         self.ctx = ctx
         self.restore = restore
-
-
-class GeneratorResultVar(Var):
-    """The generator object of an inlined generator function: its yields, collected eagerly."""
-
-    def __init__(self, items: list[Var]):
-        self.items = items
 
 
 class PartialVar(Var):
