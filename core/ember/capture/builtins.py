@@ -377,6 +377,9 @@ def binary_op(tr: Any, op: Any, a: Var, b: Var) -> Var:
             r = is_same(a, b)
             return ConstVar(r if op is operator.eq else not r)
         if isinstance(a, ConstVar) != isinstance(b, ConstVar):
+            for v in (a, b):  # the answer depends on the constant's type: guard it
+                if isinstance(v, ConstVar):
+                    v.value  # noqa: B018 - reading installs the pending guard
             return ConstVar(op is operator.ne)
     if isinstance(a, (TupleVar, ListVar)) or isinstance(b, (TupleVar, ListVar)):
         return _seq_op(tr, op, a, b)
