@@ -68,3 +68,16 @@ def test_none_then_tensor_argument() -> None:
     torch.testing.assert_close(cf(x), f(x))
     torch.testing.assert_close(cf(x, m), f(x, m))
     torch.testing.assert_close(cf(x), f(x))
+
+
+def test_identity_test_against_a_constant_is_guarded() -> None:
+    def f(x, y):
+        if x is y:
+            return x * 2
+        return x + 1
+
+    ember.reset()
+    cf = ember.compile(f, backend="eager")
+    x = torch.full((2,), 3.0)  # x * 2 != x + 1
+    for y in (3, x, 3, torch.zeros(2)):
+        torch.testing.assert_close(cf(x, y), f(x, y))

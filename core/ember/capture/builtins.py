@@ -437,6 +437,9 @@ def _seq_op(tr: Any, op: Any, a: Var, b: Var) -> Var:
 def is_same(a: Var, b: Var) -> bool:
     if a is b:
         return True
+    for v in (a, b):  # identity depends on what the constant is: guard it
+        if isinstance(v, ConstVar):
+            v.value  # noqa: B018 - reading installs the pending guard
     if isinstance(a, ConstVar) and isinstance(b, ConstVar):
         return a.value is b.value
     if isinstance(a, TensorVar) and isinstance(b, TensorVar):
