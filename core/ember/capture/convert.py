@@ -69,9 +69,10 @@ def _dce(graph: torch.fx.Graph) -> None:
             graph.erase_node(node)
 
 
-def _fold_grad_switches(graph: torch.fx.Graph, initial: bool) -> None:
+def _fold_grad_switches(graph: torch.fx.Graph, initial: bool) -> tuple[bool, bool]:
     """Consecutive grad-mode switches collapse into the last one, which is dropped when it sets
-    the mode already in effect (``with no_grad(): with enable_grad(): ...`` closing together)."""
+    the mode already in effect (``with no_grad(): with enable_grad(): ...`` closing together).
+    Returns (whether switches remain, the mode in effect at the end of the graph)."""
     mode = initial
     run: list[torch.fx.Node] = []
 
@@ -93,6 +94,9 @@ def _fold_grad_switches(graph: torch.fx.Graph, initial: bool) -> None:
             run.append(node)
         elif node.op in ("call_function", "call_method", "output"):
             flush()
+    remaining = any(n.op == "call_function" and n.target is torch._C._set_grad_enabled
+                    for n in graph.nodes)
+    return remaining, mode
 
 
 def convert_frame(fn: Callable[..., Any], args: tuple, kwargs: dict, *, backend: Any,
@@ -292,7 +296,11 @@ def _convert(fn: Callable[..., Any], args: tuple, kwargs: dict, backend: Any,
     if has_ops:
         graph.output(tuple(outputs))
         _dce(graph)
-        _fold_grad_switches(graph, grad)
+        switches, final_grad = _fold_grad_switches(graph, grad)
+        if switches:
+            # A backend may run the graph without its Python-level grad switches (AOT traces
+            # them away): the entry sets the mode the graph ends in itself.
+            body.insert(0, f"___torch._C._set_grad_enabled({final_grad})")
         used = []
         for var, source, value in out.inputs:
             if var.node.users:
