@@ -30,6 +30,20 @@ def _run_passes(gm: torch.fx.GraphModule, stage: str) -> torch.fx.GraphModule:
     return gm
 
 
+def _global_state() -> tuple:
+    return (torch.is_grad_enabled(),
+            tuple((d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d))
+                  for d in ("cpu", "cuda")))
+
+
+def _set_global_state(state: tuple) -> None:
+    grad, autocast = state
+    torch._C._set_grad_enabled(grad)
+    for d, enabled, dtype in autocast:
+        torch.set_autocast_enabled(d, enabled)
+        torch.set_autocast_dtype(d, dtype)
+
+
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], backend: Backend,
                   options: dict[str, Any] | None = None) -> Callable[..., Any]:
     """Compile one captured torch-level graph with ``backend``; returns a callable taking the
@@ -43,6 +57,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], backe
         )
     gm = _run_passes(gm, "torch")
     t0 = time.perf_counter()
+    state = _global_state()
     try:
         if backend.level == "aten":
             from .aot import aot_compile  # late: AOT autograd is only needed by aten backends
@@ -53,10 +68,14 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], backe
     except EmberError:
         raise
     except Exception as e:
+        _set_global_state(state)
         raise BackendCompilerFailed(
             f"backend {backend.name!r} ({backend.distribution}) failed to compile a graph: "
             f"{type(e).__name__}: {e}"
         ) from e
+    # Tracing a graph (AOT autograd runs it) executes its grad-mode and autocast switches:
+    # compiling must leave the caller's state as it found it.
+    _set_global_state(state)
     if not callable(compiled):
         raise BackendCompilerFailed(
             f"backend {backend.name!r} returned {type(compiled).__name__}, expected a callable")

@@ -59,3 +59,35 @@ def test_aot_graph_is_not_autocast_twice_in_training() -> None:
     (g1,) = torch.autograd.grad(got.float().sum(), x)
     (g2,) = torch.autograd.grad(want.float().sum(), x)
     torch.testing.assert_close(g1, g2)
+
+
+def _nesting() -> int:
+    n = torch.autocast_increment_nesting()
+    torch.autocast_decrement_nesting()
+    return n - 1
+
+
+def test_break_inside_autocast_leaves_state_and_nesting_balanced() -> None:
+    import contextlib
+    import io
+
+    def f(a, b):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            c = a @ b
+            print("inside autocast", c.dtype)
+            d = c @ b.t()
+        return c, d, a @ b
+
+    a, b = torch.randn(2, 3), torch.randn(3, 3)
+    for backend in ("eager", "aot_eager"):
+        ember.reset()
+        cf = ember.compile(f, backend=backend)
+        for _ in range(3):
+            with contextlib.redirect_stdout(io.StringIO()):
+                got = cf(a, b)
+            want = f(a, b)
+            assert not torch.is_autocast_enabled("cpu"), backend
+            assert _nesting() == 0, backend
+            for g, w in zip(got, want):
+                assert g.dtype == w.dtype
+                torch.testing.assert_close(g, w, rtol=0, atol=0)

@@ -106,13 +106,19 @@ class AOTCompiled:
         fn = self._graph_fn(args)
         training = key != "inference"
         rg = list(key) if training else [False] * len(tensors)
+        # Every stage runs the graph, and with it its grad-mode/autocast switches: each starts
+        # from the caller's state (a stage must not see the state an earlier one left).
+        from ..backends import _global_state, _set_global_state
+        state = _global_state()
         info: GraphInfo = analyze(fn, tensors, rg, need_grad_info=training)
+        _set_global_state(state)
         out_rg = info.graph_out_requires_grad + info.mutated_requires_grad
         if training and not any(out_rg):
             training = False  # nothing to differentiate: no joint trace needed
         detached = [t.detach() for t in tensors]
         if not training:
             fw_gm = trace_forward(fn, tensors, info, self._decomps)
+            _set_global_state(state)
             self._log("inference forward", fw_gm)
             t1 = time.perf_counter()
             events.emit("timing", stage="aot", seconds=t1 - t0, graph="inference")
@@ -121,6 +127,7 @@ class AOTCompiled:
             return runtime
 
         joint, n_tangents = trace_joint(fn, tensors, rg, info, self._decomps)
+        _set_global_state(state)
         n_fwd = len(info.graph_out_flat) + len(info.mutated)
         part = partition_joint(joint, len(tensors), n_fwd, set(info.mutated))
         if enabled("aot"):

@@ -629,13 +629,18 @@ def enter_context(tr: Any, ctx: Var) -> tuple[Var, Var]:
         ev.prev_mode = prev  # type: ignore[attr-defined]
         return ev, ConstVar(None)
     if isinstance(ctx, AutocastVar):
-        real = torch.autocast(ctx.device_type, dtype=ctx.dtype, enabled=ctx.enabled)
-        real.__enter__()
+        # While tracing only the state fake tensors see is switched (no nesting count, no
+        # cast cache); the graph enters and exits the real autocast at run time.
+        dev = ctx.device_type
+        prev = (torch.is_autocast_enabled(dev), torch.get_autocast_dtype(dev))
+        torch.set_autocast_enabled(dev, ctx.enabled)
+        torch.set_autocast_dtype(dev, ctx.dtype)
         node = tr.out.create_node("call_function", torch.amp.autocast_mode._enter_autocast,
-                                  (ctx.device_type, ctx.dtype, ctx.enabled, None), {})
+                                  (dev, ctx.dtype, ctx.enabled, None), {})
 
         def restore() -> None:
-            real.__exit__(None, None, None)
+            torch.set_autocast_enabled(dev, prev[0])
+            torch.set_autocast_dtype(dev, prev[1])
             tr.out.create_node("call_function", torch.amp.autocast_mode._exit_autocast,
                                (node,), {})
         return ExitVar(ctx, restore), ConstVar(None)

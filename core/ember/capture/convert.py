@@ -228,7 +228,7 @@ def _convert(fn: Callable[..., Any], args: tuple, kwargs: dict, backend: Any,
         # Python around the break, so every graph leaves global state as it found it.
         from .variables import ExitVar
         for v in reversed(b.frame.stack):
-            if isinstance(v, ExitVar):
+            if isinstance(v, ExitVar) and v.source is None:  # opened by this graph
                 v.restore()
     finally:
         torch._C._set_grad_enabled(grad)
@@ -323,7 +323,13 @@ def _convert(fn: Callable[..., Any], args: tuple, kwargs: dict, backend: Any,
         compiled = compile_graph(gm, example_inputs, backend, options)
     else:
         compiled = None
-    entry = build_entry(fn, out, compiled, input_exprs, body)
+    prologue: tuple[str, ...] = ()
+    if out.autocast_exits:
+        prologue = ("___n0 = ___autocast_nesting()",)
+        body.insert(0, f"___settle_autocast({tuple(out.autocast_exits)!r}, ___n0)"
+                    if all(type(e[2]) is not torch.dtype for e in out.autocast_exits) else
+                    f"___settle_autocast({out.ns(tuple(out.autocast_exits), 'exits')}, ___n0)")
+    entry = build_entry(fn, out, compiled, input_exprs, body, prologue)
     entry.graph_module = gm  # type: ignore[attr-defined]
     events.counters["stats"]["entries"] += 1
     events.emit("entry_guards", function=f"{code.co_name} ({code.co_filename}:"

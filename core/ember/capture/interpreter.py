@@ -223,12 +223,17 @@ class Tracer:
               f"({source}).prev_dtype is {out.ns(value.prev_dtype, str(value.prev_dtype))}")
             ax = value
 
-            def restore_ac() -> None:
+            def leave() -> None:
+                # The graph restores the state (for backends that run Python-level nodes); the
+                # entry settles state and autocast's nesting count after the graph, for all.
                 from .output import restore_autocast
                 restore_autocast(ax.device_type, ax.prev_enabled, ax.prev_dtype)
                 out.create_node("call_function", restore_autocast,
                                 (ax.device_type, ax.prev_enabled, ax.prev_dtype), {})
-            return ExitVar(AutocastVar(value.device_type, None, True), restore_ac)
+                out.autocast_exits.append((ax.device_type, ax.prev_enabled, ax.prev_dtype))
+            ev = ExitVar(AutocastVar(value.device_type, None, True), leave)
+            ev.source = source
+            return ev
         if isinstance(value, CompiledFunction):  # an ember-compiled function called inside
             inner = value.fn
             if value.bound_self is not None:

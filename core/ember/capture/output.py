@@ -46,14 +46,36 @@ class AutocastExit:
 
     def __call__(self, *exc: object) -> bool:
         restore_autocast(self.device_type, self.prev_enabled, self.prev_dtype)
+        _leave_nesting(1)
         return False
 
 
 def restore_autocast(device_type: str, enabled: bool, dtype: torch.dtype) -> None:
+    """Set autocast's state back (idempotent: the nesting count is the entry's business)."""
     torch.set_autocast_enabled(device_type, enabled)
     torch.set_autocast_dtype(device_type, dtype)
-    if torch.autocast_decrement_nesting() == 0:
-        torch.clear_autocast_cache()
+
+
+def autocast_nesting() -> int:
+    n = torch.autocast_increment_nesting()
+    torch.autocast_decrement_nesting()
+    return n - 1
+
+
+def _leave_nesting(k: int) -> None:
+    for _ in range(k):
+        if torch.autocast_decrement_nesting() == 0:
+            torch.clear_autocast_cache()
+
+
+def settle_autocast(exits: tuple, nesting_before: int) -> None:
+    """After a graph that left autocast regions opened before it: the state those exits restore
+    and the nesting count one lower per exit, whether or not the backend ran the graph's
+    Python-level state switches."""
+    for device_type, enabled, dtype in exits:
+        restore_autocast(device_type, enabled, dtype)
+    target = nesting_before - len(exits)
+    _leave_nesting(max(0, autocast_nesting() - target))
 
 
 def _enter_autocast(device_type: str, dtype: torch.dtype, enabled: bool) -> AutocastExit:
@@ -81,7 +103,8 @@ def _with_kwdefaults(fn: types.FunctionType, kw: dict) -> types.FunctionType:
     return fn
 
 
-ENTRY_HELPERS = {"___GradRestore": GradRestore, "___enter_autocast": _enter_autocast, "___mkobj": _mkobj, "___mkcell": _mkcell,
+ENTRY_HELPERS = {"___GradRestore": GradRestore, "___enter_autocast": _enter_autocast,
+                 "___autocast_nesting": autocast_nesting, "___settle_autocast": settle_autocast, "___mkobj": _mkobj, "___mkcell": _mkcell,
                  "___MethodType": types.MethodType, "___FunctionType": types.FunctionType,
                  "___with_kwdefaults": _with_kwdefaults}
 
@@ -123,6 +146,8 @@ class OutputGraph:
         self.arg_tensor_sources: list[str] = []
         #: Cheaper expressions to fetch an input once the guards hold (identity-guarded ones).
         self.fetch: dict[str, str] = {}
+        #: autocast regions opened before this graph that it leaves (device, enabled, dtype).
+        self.autocast_exits: list[tuple] = []
         self.var_by_source: dict[str, Var] = {}
         # side effects to replay after the graph runs, in program order
         self.side_effects: list[tuple[str, Any]] = []
@@ -320,6 +345,8 @@ class Reconstructor:
             return fn
         if isinstance(v, ExitVar):
             from .variables import GradModeVar
+            if v.source is not None:
+                return v.source
             if isinstance(v.ctx, GradModeVar):
                 return f"___GradRestore({getattr(v, 'prev_mode', True)!r})"
             from .variables import AutocastVar
@@ -365,7 +392,8 @@ def signature_source(code: types.CodeType) -> str:
 
 
 def build_entry(fn: Callable[..., Any], out: OutputGraph, compiled: Callable[..., Any] | None,
-                input_exprs: list[str], body: list[str]) -> Callable[..., Any]:
+                input_exprs: list[str], body: list[str],
+                prologue: tuple[str, ...] = ()) -> Callable[..., Any]:
     """Generate the entry function: guards, graph call, side effects, result (or break)."""
     from .frame import MISS
 
@@ -381,6 +409,7 @@ def build_entry(fn: Callable[..., Any], out: OutputGraph, compiled: Callable[...
              "            return ___MISS",
              "    except Exception:",
              "        return ___MISS"]
+    lines += ["    " + p for p in prologue]
     if compiled is not None:
         lines.append(f"    ___o = ___compiled({', '.join(input_exprs)})")
     lines += ["    " + b for b in body]
