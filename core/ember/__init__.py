@@ -11,7 +11,8 @@ from . import config
 from ._logging import set_logs
 from .api import OptimizedModule, compile, disable, is_compiling, reset
 from .exc import (BackendCompilerFailed, BackendConflict, BackendLoadError, BackendNotFound,
-                  EmberError, GraphBreakError, NotImplementedYet, Unsupported)
+                  EmberError, GraphBreakError, InferenceOnlyBackend, NotImplementedYet,
+                  Unsupported)
 from .hookspecs import hookimpl
 from .plugins import Backend, get_backend, list_backends, register_backend
 
@@ -21,7 +22,7 @@ __all__ = [
     "compile", "disable", "reset", "is_compiling", "list_backends", "register_backend",
     "get_backend", "Backend", "hookimpl", "OptimizedModule", "config", "set_logs",
     "EmberError", "BackendNotFound", "BackendLoadError", "BackendConflict", "BackendCompilerFailed",
-    "Unsupported", "GraphBreakError", "NotImplementedYet", "allow_in_graph", "explain",
+    "Unsupported", "GraphBreakError", "NotImplementedYet", "InferenceOnlyBackend", "allow_in_graph", "explain",
 ]
 
 

@@ -9,7 +9,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from . import events
-from .exc import BackendCompilerFailed, EmberError
+from .exc import BackendCompilerFailed, EmberError, InferenceOnlyBackend
 from .plugins import Backend, graph_passes
 
 __all__ = ["compile_graph"]
@@ -50,7 +50,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], backe
     graph's inputs as positional arguments and returning its outputs."""
     options = dict(options or {})
     if not backend.training and _needs_grad(example_inputs):
-        raise EmberError(
+        raise InferenceOnlyBackend(
             f"backend {backend.name!r} is inference-only, but this graph needs gradients (an input "
             "requires grad and grad mode is on). Run under torch.no_grad()/inference_mode(), or "
             "use a backend that supports training (e.g. 'aot_eager' or 'inductor')."

@@ -11,6 +11,7 @@ __all__ = [
     "Unsupported",
     "GraphBreakError",
     "NotImplementedYet",
+    "InferenceOnlyBackend",
 ]
 
 
@@ -32,6 +33,10 @@ class BackendConflict(EmberError):
 
 class BackendCompilerFailed(EmberError):
     """A backend raised while compiling a graph."""
+
+
+class InferenceOnlyBackend(EmberError):
+    """An inference-only backend was given a graph that needs gradients."""
 
 
 class NotImplementedYet(EmberError, NotImplementedError):

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import abc
-import builtins
 import dataclasses
 import enum
 import inspect
-import math
 import operator
 import types
 from typing import Any
@@ -33,8 +31,6 @@ def _has_tensor(vs: list[Var]) -> bool:
     return any(isinstance(v, TensorVar) for v in vs)
 
 
-def _python_type(v: Var) -> type:
-    return v.python_type()
 
 
 def call_builtin(tr: Any, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
@@ -159,12 +155,10 @@ def call_builtin(tr: Any, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> V
             raise Unsupported(f"math.{fn.__name__} on a tensor needs its value")
         if fn in (operator.getitem,):
             return getitem(tr, args[0], args[1])
-        op_name = getattr(fn, "__name__", "")
         if getattr(fn, "__module__", "") in ("_operator", "operator") and _has_tensor(args):
             return tr.call_torch_function(fn, args, kwargs)
         if len(args) == 2 and fn in rules.BINARY_OPS.values() or fn in rules.COMPARE_OPS.values():
             return binary_op(tr, fn, args[0], args[1])
-        _ = op_name
     if isinstance(fn, types.FunctionType):
         return tr.call(FunctionVar(fn), args, kwargs)
     if isinstance(fn, functools_partial()):
@@ -285,8 +279,7 @@ def construct(tr: Any, cls: type, args: list[Var], kwargs: dict[str, Var]) -> Va
             return ConstVar(cls(*c[0], **c[1]))
     if issubclass(cls, BaseException):
         raise Unsupported(f"constructing exception {cls.__name__}")
-    if rules.is_namedtuple_cls(cls) if hasattr(rules, "is_namedtuple_cls") else (
-            issubclass(cls, tuple) and hasattr(cls, "_fields")):
+    if issubclass(cls, tuple) and hasattr(cls, "_fields"):  # namedtuple
         fields = cls._fields
         vals = list(args)
         defaults = getattr(cls, "_field_defaults", {})
@@ -497,8 +490,6 @@ def _hashable(v: Var) -> Any:
 # Subscripts
 # -----------------------------------------------------------------------------------------------
 
-def _index_arg(v: Var) -> Var:
-    return v
 
 
 def getitem(tr: Any, obj: Var, idx: Var) -> Var:
@@ -1010,8 +1001,6 @@ def _str(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
     return ConstVar(str(*c[0], **c[1]))
 
 
-def _math_fn(tr: Any, fn: Any, args: list[Var]) -> Var:
-    return ConstVar(fn(*[a.as_const() for a in args]))
 
 
 def _vars(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
@@ -1033,5 +1022,3 @@ _BUILTIN_HANDLERS: dict[Any, Any] = {
     divmod: _divmod_round(divmod), pow: _divmod_round(pow), str: _str, repr: _str,
 }
 
-_ = (builtins, math, NestedFunctionVar, ContainerMethodVar, PyModuleVar,
-     TensorMethodVar)

@@ -9,8 +9,7 @@ import torch
 
 from ..exc import Unsupported
 from .builtins import _hashable, _mark_mutated, contains, is_same
-from .variables import (ConstVar, DataclassVar, DictVar, IteratorVar, ListVar, SetVar, TensorVar,
-                        TupleVar, Var)
+from .variables import ConstVar, DictVar, ListVar, SetVar, TensorVar, TupleVar, Var
 
 
 def set_add(s: SetVar, item: Var) -> None:
@@ -238,5 +237,3 @@ def _set_method(tr: Any, obj: SetVar, name: str, args: list[Var], kwargs: dict[s
     _mark_mutated(tr, obj)
     return ConstVar(None)
 
-
-_ = (DataclassVar, IteratorVar)

@@ -95,14 +95,13 @@ def is_allowed_in_graph(fn: Any) -> bool:
 class CodeCache:
     """Entries for one code object (one user function), most recent first."""
 
-    __slots__ = ("code", "entries", "misses", "given_up", "last_failed_guard", "__weakref__")
+    __slots__ = ("code", "entries", "misses", "given_up", "__weakref__")
 
     def __init__(self, code: types.CodeType):
         self.code = code
         self.entries: list[Callable[..., Any]] = []
         self.misses = 0
         self.given_up: str | None = None
-        self.last_failed_guard: str | None = None
 
 
 _code_caches: dict[tuple, CodeCache] = {}
@@ -180,7 +179,6 @@ class CompiledFunction:
             cache.misses += 1
             events.counters["stats"]["recompiles"] += 1
             reason = self._failed_guard(args, kwargs)
-            cache.last_failed_guard = reason
             recompile_log.info("recompiling %s: guard failed: %s", _user_location(self.fn), reason)
             events.emit("recompile", function=_user_location(self.fn), reason=reason)
             if cache.misses >= config.recompile_limit:
@@ -265,7 +263,7 @@ class CompiledFunction:
 
 
 def _is_user_error(e: BaseException) -> bool:
-    from ..exc import BackendLoadError, BackendNotFound, NotImplementedYet
+    from ..exc import BackendLoadError, BackendNotFound, InferenceOnlyBackend, NotImplementedYet
 
-    return isinstance(e, (BackendNotFound, BackendLoadError, NotImplementedYet)) or (
-        "inference-only" in str(e))
+    return isinstance(e, (BackendNotFound, BackendLoadError, NotImplementedYet,
+                          InferenceOnlyBackend))

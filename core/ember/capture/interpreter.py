@@ -86,8 +86,6 @@ def _plain_object(value: Any) -> bool:
             inspect.getattr_static(t, "__getattribute__", None) is object.__getattribute__)
 
 
-def _is_namedtuple_cls(cls: type) -> bool:
-    return isinstance(cls, type) and issubclass(cls, tuple) and hasattr(cls, "_fields")
 
 
 def _is_model_output(cls: type) -> bool:
@@ -101,7 +99,6 @@ class Tracer:
         self.out = out
         self.root_fn = root_fn
         self.pending_attrs: dict[int, dict[str, Var]] = {}
-        self.stored_objects: dict[int, Var] = {}
         self.instructions = 0
         self.frames: list["Frame"] = []
         #: (instruction index, n-th execution) in the root frame where to stop and break.

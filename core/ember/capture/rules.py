@@ -4,9 +4,6 @@ change."""
 
 from __future__ import annotations
 
-import builtins
-import inspect
-import math
 import operator
 import types
 from typing import Any
@@ -84,7 +81,6 @@ PURE_BUILTINS = {
     type, list, dict, set, slice, range, reversed, enumerate, zip, map, filter, getattr, hasattr,
     iter, next, id,
 }
-PURE_MODULES = (math, operator)
 
 
 def is_pure_const_callable(fn: Any) -> bool:
@@ -187,5 +183,3 @@ def is_skipped_module(mod: str) -> bool:
     return mod.split(".", 1)[0] in SKIPPED_MODULES
 
 
-BUILTINS = builtins
-_ = inspect
