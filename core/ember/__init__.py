@@ -10,6 +10,7 @@ from __future__ import annotations
 from . import config
 from ._logging import set_logs
 from .api import OptimizedModule, compile, disable, is_compiling, reset
+from .context import CompileContext
 from .exc import (BackendCompilerFailed, BackendConflict, BackendLoadError, BackendNotFound,
                   EmberError, GraphBreakError, InferenceOnlyBackend, NotImplementedYet,
                   Unsupported)
@@ -23,6 +24,7 @@ __all__ = [
     "get_backend", "Backend", "hookimpl", "OptimizedModule", "config", "set_logs",
     "EmberError", "BackendNotFound", "BackendLoadError", "BackendConflict", "BackendCompilerFailed",
     "Unsupported", "GraphBreakError", "NotImplementedYet", "InferenceOnlyBackend", "allow_in_graph", "explain",
+    "CompileContext",
 ]
 
 

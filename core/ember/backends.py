@@ -9,10 +9,11 @@ from typing import Any, Callable, Sequence
 import torch
 
 from . import events
+from .context import CompileContext, InputInfo, device_of
 from .exc import BackendCompilerFailed, EmberError, InferenceOnlyBackend
 from .plugins import Backend, graph_passes
 
-__all__ = ["compile_graph"]
+__all__ = ["compile_graph", "call_backend", "check_outputs"]
 
 log = logging.getLogger("ember.backends")
 
@@ -44,11 +45,115 @@ def _set_global_state(state: tuple) -> None:
         torch.set_autocast_dtype(d, dtype)
 
 
+def call_backend(backend: Backend, gm: torch.fx.GraphModule, example_inputs: list[Any],
+                 options: dict[str, Any], context: CompileContext | None) -> Any:
+    """``backend.compile(gm, example_inputs, **options)``, plus ``context=`` when the compile
+    function declares a ``context`` parameter (opt-in, decided once per Backend)."""
+    if context is not None and backend.accepts_context:
+        return backend.compile(gm, example_inputs, **options, context=context)
+    return backend.compile(gm, example_inputs, **options)
+
+
+def make_context(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], backend: Backend,
+                 options: dict[str, Any], inputs: Sequence[InputInfo] | None,
+                 graph_id: str | None) -> CompileContext:
+    n = sum(1 for node in gm.graph.nodes if node.op == "placeholder")
+    if inputs is None or len(inputs) != n:
+        inputs = [InputInfo("user", node.target if isinstance(node.target, str) else "", False)
+                  for node in gm.graph.nodes if node.op == "placeholder"]
+    kind = "training" if _needs_grad(example_inputs) else "inference"
+    return CompileContext(graph_id=graph_id or "graph", kind=kind, inputs=tuple(inputs),
+                          device=device_of(example_inputs), mode=options.get("mode"),
+                          options=options, backend=backend.name)
+
+
+def _output_spec(gm: torch.fx.GraphModule) -> tuple[int | None, tuple[bool, ...]]:
+    """(number of outputs, or None when the graph returns one bare value; per output whether
+    it is a tensor)."""
+    out = next((n for n in reversed(gm.graph.nodes) if n.op == "output"), None)
+    if out is None:
+        return None, ()
+    res = out.args[0]
+
+    def is_tensor(a: Any) -> bool:
+        if not isinstance(a, torch.fx.Node):
+            return False
+        v = a.meta.get("example_value", a.meta.get("val"))
+        return isinstance(v, torch.Tensor)
+
+    if isinstance(res, (tuple, list)):
+        return len(res), tuple(is_tensor(a) for a in res)
+    return None, (is_tensor(res),)
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, (tuple, list)):
+        inner = ", ".join(_describe(v) for v in value[:8])
+        more = ", ..." if len(value) > 8 else ""
+        return f"{type(value).__name__} of {len(value)} [{inner}{more}]"
+    if isinstance(value, torch.Tensor):
+        return f"Tensor{tuple(value.shape)}"
+    return type(value).__name__
+
+
+def check_outputs(value: Any, spec: tuple[int | None, tuple[bool, ...]], backend: Backend,
+                  what: str = "graph") -> None:
+    """Raise :class:`BackendCompilerFailed` when a compiled callable's result does not have
+    the graph's output structure (a bare tensor for a tuple, a wrong count, a non-tensor where
+    the graph returns a tensor)."""
+    n, tensors = spec
+    problem = None
+    if n is None:
+        if tensors and tensors[0] and not isinstance(value, torch.Tensor):
+            problem = "a tensor"
+    elif not isinstance(value, (tuple, list)) or len(value) != n:
+        problem = f"a tuple or list of {n} output(s)"
+    else:
+        bad = [i for i, (t, v) in enumerate(zip(tensors, value))
+               if t and not isinstance(v, torch.Tensor)]
+        if bad:
+            problem = f"tensors at output position(s) {bad}"
+    if problem is not None:
+        raise BackendCompilerFailed(
+            f"backend {backend.name!r} ({backend.provider}) compiled a {what} into a callable that "
+            f"returned {_describe(value)}; the {what} returns {problem}. The callable a backend "
+            "returns must return what gm returns (gm.forward is always right).")
+
+
+class _CheckFirstCall:
+    """Calls the backend's callable; the first call's result is checked against the graph's
+    output structure. ``swap`` (set by the caller) replaces this wrapper with the raw callable
+    once checked, so later calls pay nothing."""
+
+    __slots__ = ("fn", "spec", "backend", "checked", "swap", "__weakref__")
+
+    def __init__(self, fn: Callable[..., Any], spec: tuple, backend: Backend):
+        self.fn, self.spec, self.backend, self.checked = fn, spec, backend, False
+        self.swap: Callable[[Callable[..., Any]], None] | None = None
+
+    def __call__(self, *args: Any) -> Any:
+        out = self.fn(*args)
+        if not self.checked:
+            check_outputs(out, self.spec, self.backend)
+            self.checked = True
+            if self.swap is not None:
+                self.swap(self.fn)
+        return out
+
+
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], backend: Backend,
-                  options: dict[str, Any] | None = None) -> Callable[..., Any]:
+                  options: dict[str, Any] | None = None, *,
+                  inputs: Sequence[InputInfo] | None = None,
+                  graph_id: str | None = None) -> Callable[..., Any]:
     """Compile one captured torch-level graph with ``backend``; returns a callable taking the
-    graph's inputs as positional arguments and returning its outputs."""
+    graph's inputs as positional arguments and returning its outputs.
+
+    ``inputs`` (one :class:`InputInfo` per placeholder) and ``graph_id`` feed the
+    :class:`CompileContext` given to backends that accept ``context=``; without them every input
+    is a ``"user"`` input. The result's first call checks the output structure (an error naming
+    the backend otherwise); set its ``swap`` attribute to drop the check after that call."""
     options = dict(options or {})
+    options.pop("context", None)
     if not backend.training and _needs_grad(example_inputs):
         raise InferenceOnlyBackend(
             f"backend {backend.name!r} is inference-only, but this graph needs gradients (an input "
@@ -56,15 +161,18 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], backe
             "use a backend that supports training (e.g. 'aot_eager' or 'inductor')."
         )
     gm = _run_passes(gm, "torch")
+    context = make_context(gm, example_inputs, backend, options, inputs, graph_id)
+    spec = _output_spec(gm)
     t0 = time.perf_counter()
     state = _global_state()
     try:
         if backend.level == "aten":
             from .aot import aot_compile  # late: AOT autograd is only needed by aten backends
 
-            compiled = aot_compile(gm, list(example_inputs), backend=backend, options=options)
+            compiled = aot_compile(gm, list(example_inputs), backend=backend, options=options,
+                                   context=context)
         else:
-            compiled = backend.compile(gm, list(example_inputs), **options)
+            compiled = call_backend(backend, gm, list(example_inputs), options, context)
     except EmberError:
         raise
     except Exception as e:
@@ -81,4 +189,4 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], backe
             f"backend {backend.name!r} returned {type(compiled).__name__}, expected a callable")
     events.emit("backend_compiled", backend=backend.name, seconds=time.perf_counter() - t0,
                 nodes=len(gm.graph.nodes))
-    return compiled
+    return _CheckFirstCall(compiled, spec, backend)

@@ -35,6 +35,30 @@ def ember_backends() -> list["Backend"]:
     are collected; a name declared by two plugins cannot be used, and asking for it raises
     :class:`ember.BackendConflict` naming both distributions. Keep the module that defines this
     hook light: import heavy machinery inside ``Backend.compile``.
+
+    ``Backend.compile(gm, example_inputs, **options)`` is called once per graph (for
+    ``level="aten"``: once for the inference graph, or once for the forward and once for the
+    backward graph). It may opt in to a :class:`ember.CompileContext` by declaring a parameter
+    named ``context`` (``def compile(gm, example_inputs, *, context=None, **options)``); Ember
+    reads the signature once per Backend and passes ``context=`` only then, so compile functions
+    written without it keep working. The context says:
+
+    * ``graph_id``: a stable name (``<function>_<file>_<line>_<n>``; ATen graphs append
+      ``.inference``/``.forward``/``.backward``), for logs and cache keys;
+    * ``kind``: ``"inference"`` or ``"training"`` for torch-level graphs (training: autograd will
+      differentiate through the result), ``"inference"``, ``"forward"`` or ``"backward"`` for
+      ATen graphs;
+    * ``inputs``: one :class:`ember.context.InputInfo` per placeholder: ``kind``
+      (``"parameter"``, ``"buffer"``, ``"user"``; for backward graphs ``"activation"`` for a
+      saved value and ``"tangent"``; a parameter saved for the backward keeps its kind),
+      ``source`` (a Python expression such as ``self.fc._parameters['weight']``) and
+      ``stable_address`` (the same tensor object on every call: parameters and buffers; their
+      values may still change in place);
+    * ``device``, ``mode``, ``options`` (read-only) and ``backend`` (the name).
+
+    The callable ``compile`` returns must return what ``gm`` returns: its first result is
+    checked, and a wrong number or structure of outputs raises
+    :class:`ember.BackendCompilerFailed` naming the backend and what it returned.
     """
 
 

@@ -65,7 +65,11 @@ class Backend:
     ``compile(gm, example_inputs, **options) -> callable`` receives a torch-level
     ``fx.GraphModule`` (``level="torch"``) or, for ``level="aten"``, the forward and backward
     ATen graphs produced by Ember's AOT autograd, one call each. The callable it returns takes the
-    graph's inputs positionally and returns the graph's outputs.
+    graph's inputs positionally and returns the graph's outputs. A compile function that declares
+    a parameter named ``context`` (``def compile(gm, example_inputs, *, context=None,
+    **options)``) also receives an :class:`ember.CompileContext` (graph id, graph kind, which
+    inputs are parameters/buffers and have stable addresses, device, mode, options); one that
+    does not is called exactly as before (``accepts_context``, decided once per Backend).
 
     ``decompositions`` (aten level only) is a dict ``{OpOverload: fn}`` or a zero-argument callable
     returning one (called lazily, so building the table costs nothing at listing time).
@@ -100,6 +104,13 @@ class Backend:
         for f in ("devices", "tags"):
             v = getattr(self, f)
             object.__setattr__(self, f, (v,) if isinstance(v, str) else tuple(v))
+        from .context import accepts_context
+        object.__setattr__(self, "_accepts_context", accepts_context(self.compile))
+
+    @property
+    def accepts_context(self) -> bool:
+        """Does ``compile`` declare a ``context`` parameter (so Ember passes ``context=``)?"""
+        return self.__dict__["_accepts_context"]
 
     def get_decompositions(self) -> Mapping[Any, Any]:
         d = self.decompositions

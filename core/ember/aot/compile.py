@@ -42,10 +42,12 @@ class AOTCompiled:
     first use; the one for the example inputs is compiled eagerly."""
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], backend: Any,
-                 options: dict[str, Any]):
+                 options: dict[str, Any], context: Any = None):
         self.gm = gm
         self.backend = backend
         self.options = options
+        #: the torch-level graph's CompileContext; ATen graphs get a derived one (kind, inputs)
+        self.context = context
         self.tensor_idx = [i for i, a in enumerate(example_inputs) if isinstance(a, torch.Tensor)]
         self._variants: dict[Any, Any] = {}
         self._lock = threading.Lock()
@@ -91,11 +93,27 @@ class AOTCompiled:
 
         return only_tensors  # type: ignore[return-value]
 
-    def _compile(self, gm: torch.fx.GraphModule, example: list[Any]) -> Callable[..., Any]:
-        from ..backends import _run_passes  # late: backends imports aot lazily
+    def _context(self, kind: str, inputs: list[Any]) -> Any:
+        if self.context is None:
+            return None
+        gid = f"{self.context.graph_id}.{kind}"
+        n = sum(1 for k in self._variants if k != "inference") if kind != "inference" else 0
+        if n:  # a second training variant (another requires_grad pattern)
+            gid += f"{n}"
+        return self.context.derive(graph_id=gid, kind=kind, inputs=tuple(inputs))
+
+    def _primal_infos(self) -> list[Any]:
+        """The torch-level InputInfos of the tensor inputs (the ATen graphs' primals)."""
+        if self.context is None:
+            return []
+        return [self.context.inputs[i] for i in self.tensor_idx]
+
+    def _compile(self, gm: torch.fx.GraphModule, example: list[Any],
+                 context: Any = None) -> Callable[..., Any]:
+        from ..backends import _run_passes, call_backend  # late: backends imports aot lazily
 
         gm = _run_passes(gm, "aten")
-        fn = self.backend.compile(gm, example, **self.options)
+        fn = call_backend(self.backend, gm, example, self.options, context)
         if not callable(fn):
             raise TypeError(f"backend {self.backend.name!r} returned {type(fn).__name__} for an "
                             "ATen graph, expected a callable")
@@ -122,7 +140,8 @@ class AOTCompiled:
             self._log("inference forward", fw_gm)
             t1 = time.perf_counter()
             events.emit("timing", stage="aot", seconds=t1 - t0, graph="inference")
-            runtime = ForwardOnly(info, self._compile(fw_gm, detached))
+            runtime = ForwardOnly(info, self._compile(
+                fw_gm, detached, self._context("inference", self._primal_infos())))
             runtime.graph = fw_gm
             return runtime
 
@@ -145,12 +164,34 @@ class AOTCompiled:
         t1 = time.perf_counter()
         events.emit("timing", stage="aot", seconds=t1 - t0, graph="training",
                     saved_bytes=part.saved_bytes)
-        fw = self._compile(part.fw, detached)
-        bw = self._compile(part.bw, _example_from_meta(part.bw))
+        primals = self._primal_infos()
+        fw = self._compile(part.fw, detached, self._context("forward", primals))
+        bw = self._compile(part.bw, _example_from_meta(part.bw),
+                           self._context("backward", self._backward_infos(joint, part, primals)))
         runtime = Training(info, fw, lambda: bw, rg, part.n_saved, tangent_meta,
                            part.grad_tangent_deps)
         runtime.partition = part  # for inspection (tests, debugging)
         return runtime
+
+    def _backward_infos(self, joint: torch.fx.GraphModule, part: Any,
+                        primals: list[Any]) -> list[Any]:
+        """Saved values (a primal saved as is keeps its InputInfo; others are activations),
+        then tangents."""
+        if self.context is None:
+            return []
+        from ..context import InputInfo
+
+        names = [n.name for n in joint.graph.nodes if n.op == "placeholder"][:len(primals)]
+        by_name = dict(zip(names, primals))
+        out = []
+        for n in part.bw.graph.nodes:
+            if n.op != "placeholder":
+                break
+            if len(out) < part.n_saved:
+                out.append(by_name.get(n.name) or InputInfo("activation", "", False))
+            else:
+                out.append(InputInfo("tangent", "", False))
+        return out
 
     def _log(self, what: str, gm: torch.fx.GraphModule) -> None:
         if enabled("aot"):
@@ -158,7 +199,7 @@ class AOTCompiled:
 
 
 def aot_compile(gm: torch.fx.GraphModule, example_inputs: list[Any], *, backend: Any,
-                options: dict[str, Any] | None = None) -> Callable[..., Any]:
+                options: dict[str, Any] | None = None, context: Any = None) -> Callable[..., Any]:
     """Compile a torch-level graph through AOT autograd for an ``level="aten"`` backend.
 
     ``gm`` takes the flat inputs (user tensors, parameters, buffers) positionally and returns a
@@ -167,6 +208,8 @@ def aot_compile(gm: torch.fx.GraphModule, example_inputs: list[Any], *, backend:
     or one forward graph (inference, when no input requires grad or grad mode is off), with its
     decomposition table applied. Returns a callable with ``gm``'s calling convention whose results
     behave as eager's: gradients flow through the compiled backward, mutated inputs are updated,
-    outputs alias as in eager.
+    outputs alias as in eager. ``context`` (the torch-level graph's :class:`ember.CompileContext`)
+    is passed on, with ``kind`` "inference", "forward" or "backward" and the ATen graph's inputs,
+    to backends whose compile accepts ``context=``.
     """
-    return AOTCompiled(gm, example_inputs, backend, dict(options or {}))
+    return AOTCompiled(gm, example_inputs, backend, dict(options or {}), context)

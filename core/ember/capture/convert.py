@@ -23,6 +23,7 @@ import torch.fx
 
 from .. import _logging, events
 from ..backends import compile_graph
+from ..context import InputInfo, graph_id_for
 from ..exc import Unsupported
 from . import resume as resume_mod
 from .interpreter import BreakHere, Frame, LazyVar, Tracer
@@ -320,7 +321,8 @@ def _convert(fn: Callable[..., Any], args: tuple, kwargs: dict, backend: Any,
                            gm.print_readable(print_output=False))
         events.emit("graph_captured", function=f"{code.co_filename}:{code.co_firstlineno}",
                     name=code.co_name, ops=n_ops, graph=gm)
-        compiled = compile_graph(gm, example_inputs, backend, options)
+        compiled = compile_graph(gm, example_inputs, backend, options,
+                                 inputs=_input_infos(out, used), graph_id=_next_graph_id(code))
     else:
         compiled = None
     prologue: tuple[str, ...] = ()
@@ -337,6 +339,25 @@ def _convert(fn: Callable[..., Any], args: tuple, kwargs: dict, backend: Any,
     events.emit("timing", stage="capture", function=code.co_name,
                 seconds=time.perf_counter() - t0)
     return entry
+
+
+_graph_counts: dict[types.CodeType, int] = {}
+
+
+def _next_graph_id(code: types.CodeType) -> str:
+    n = _graph_counts.get(code, 0)
+    _graph_counts[code] = n + 1
+    return graph_id_for(code, n)
+
+
+def _input_infos(out: OutputGraph, used: list) -> list[InputInfo]:
+    """One InputInfo per graph input: parameters and buffers are read through an identity
+    guard (the same tensor object every call), user inputs are whatever the caller passes."""
+    infos = []
+    for _, source, _ in used:
+        kind = out.input_kinds.get(source, "user")
+        infos.append(InputInfo(kind, source, kind in ("parameter", "buffer")))
+    return infos
 
 
 # ---------------------------------------------------------------------------------------------

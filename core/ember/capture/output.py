@@ -5,6 +5,7 @@ generation of the entry function (readable Python) that runs it.
 from __future__ import annotations
 
 import functools
+import hashlib
 import itertools
 import logging
 import types
@@ -149,6 +150,8 @@ class OutputGraph:
         #: autocast regions opened before this graph that it leaves (device, enabled, dtype).
         self.autocast_exits: list[tuple] = []
         self.var_by_source: dict[str, Var] = {}
+        #: graph input kind by source: "parameter", "buffer" or "user" (see ember.context)
+        self.input_kinds: dict[str, str] = {}
         # side effects to replay after the graph runs, in program order
         self.side_effects: list[tuple[str, Any]] = []
         self.mutated_containers: list[Var] = []
@@ -181,6 +184,7 @@ class OutputGraph:
         var = TensorVar(node, fake, source=source, cls=type(value), is_param=is_param)
         self.inputs.append((var, source, value))
         self.tensor_by_id[id(value)] = var
+        self.input_kinds[source] = _input_kind(source, value, is_param)
         if not is_param:
             self.arg_tensor_sources.append(source)
         if is_param:
@@ -216,13 +220,23 @@ class OutputGraph:
         return gm
 
 
+def _input_kind(source: str, value: torch.Tensor, is_param: bool) -> str:
+    if not is_param:
+        return "user"
+    if isinstance(value, torch.nn.Parameter) or "._buffers[" not in source:
+        return "parameter"
+    return "buffer"
+
+
 def _node_name(source: str, i: int) -> str:
     base = "".join(c if c.isalnum() else "_" for c in source)
     base = "_".join(p for p in base.split("_") if p and p not in ("modules", "parameters",
                                                                    "buffers", "G"))
     if not base or base[0].isdigit():
         base = f"in{i}_{base}"
-    return "l_" + base[:60]
+    if len(base) > 60:  # cut names stay distinct: fx uses them as the graph's argument names
+        base = f"{base[:52]}_{hashlib.sha1(base.encode()).hexdigest()[:7]}"
+    return "l_" + base
 
 
 # ---------------------------------------------------------------------------------------------
@@ -402,6 +416,8 @@ def build_entry(fn: Callable[..., Any], out: OutputGraph, compiled: Callable[...
     ns = dict(out.namespace)
     ns["___MISS"] = MISS
     ns["___compiled"] = compiled
+    if getattr(compiled, "swap", False) is None:  # drop the first-call output check once done
+        compiled.swap = lambda raw: ns.__setitem__("___compiled", raw)
     guard_expr = " and\n            ".join(out.guards.exprs) or "True"
     lines = [f"def ___entry({sig}):",
              "    try:",
