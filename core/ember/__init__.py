@@ -16,6 +16,7 @@ from .exc import (BackendCompilerFailed, BackendConflict, BackendLoadError, Back
                   Unsupported)
 from .hookspecs import hookimpl
 from .plugins import Backend, get_backend, list_backends, register_backend
+from . import precompile  # a callable module: ember.precompile(fn, ...), ember.precompile.load
 
 __version__ = "0.1.0"
 
@@ -24,7 +25,7 @@ __all__ = [
     "get_backend", "Backend", "hookimpl", "OptimizedModule", "config", "set_logs",
     "EmberError", "BackendNotFound", "BackendLoadError", "BackendConflict", "BackendCompilerFailed",
     "Unsupported", "GraphBreakError", "NotImplementedYet", "InferenceOnlyBackend", "allow_in_graph", "explain",
-    "CompileContext",
+    "CompileContext", "precompile",
 ]
 
 

@@ -1,0 +1,584 @@
+"""``ember.precompile``: capture a whole computation as one graph, compile it with a backend and
+write the result as a standalone artifact (Python source + cache container).
+
+The steps, each a plain call into the stage before it:
+
+1. capture ``fn(*example_inputs)`` with ``fullgraph=True`` through a recording backend: it keeps
+   the torch-level graph and its real example inputs (user tensors, and the parameters and
+   buffers of the modules among the arguments, already lifted to graph inputs by capture);
+2. map every graph input back to where it comes from: an argument (``x``, ``batch[0]['ids']``)
+   or a parameter/buffer of a module argument (``model`` + ``'encoder.0.weight'``), by identity;
+3. map the function's result onto the graph's outputs (a fake run of the graph, by identity);
+4. compile: level "torch" backends get the graph itself; level "aten" backends go through Ember's
+   AOT autograd (forward-only, or forward + backward partitioned), recording each ATen graph and
+   what the backend returned for it;
+5. write the source: per compiled graph either its fx code (the backend runs it as is: eager,
+   aot_eager) or the backend's own fragment (``compiled.ember_precompile(name)``, see
+   :mod:`ember.precompile.hooks`), then the checks, the autograd glue and the calling convention.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import inspect
+import json
+import logging
+import platform
+import textwrap
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.fx
+from torch.utils import _pytree as pytree
+
+from .. import config
+from ..exc import GraphBreakError, Unsupported
+from ..plugins import Backend, get_backend
+from . import container
+from .codegen import PRELUDE, graph_source
+from .errors import PrecompileError, PrecompileGraphBreak
+
+__all__ = ["Artifact", "precompile", "FORMAT_VERSION"]
+
+log = logging.getLogger("ember.precompile")
+
+FORMAT_VERSION = 1
+_SIMPLE = (int, float, bool, str, type(None))
+
+
+@dataclasses.dataclass
+class Artifact:
+    """What :func:`ember.precompile` returns.
+
+    ``source``: standalone Python (imports torch and ``ember.precompile.runtime`` only);
+    ``cache``: the container bytes (see :mod:`ember.precompile.container`); ``meta``: what was
+    precompiled (function, backend, graphs, inputs), also written into the source.
+    """
+
+    source: str
+    cache: bytes
+    meta: dict[str, Any]
+
+    def save(self, path: str) -> None:
+        """Write ``path/artifact.py`` and ``path/artifact.cache`` (the folder is created)."""
+        from .loader import save
+
+        save(self, path)
+
+    def load(self) -> Any:
+        """The callable, built from this artifact in this process (as ``ember.precompile.load``)."""
+        from .loader import load
+
+        return load(source=self.source, cache=self.cache)
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. capture
+# ---------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class _Captured:
+    gm: torch.fx.GraphModule
+    example_inputs: list[torch.Tensor]
+    fake_outputs: tuple
+    result: Any
+    entry_source: str
+
+
+def _fake_run(gm: torch.fx.GraphModule, inputs: Sequence[torch.Tensor]) -> tuple:
+    """The graph's outputs as FakeTensors (identity tells them apart; nothing is computed, no
+    input is mutated). Falls back to a real run on detached clones."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    try:
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        with mode, torch.no_grad():
+            fakes = [mode.from_tensor(t) for t in inputs]
+            return tuple(gm(*fakes))
+    except Exception as e:  # an op without a meta kernel: compute it instead
+        log.debug("fake run failed (%s); running the graph on clones", e)
+        with torch.no_grad():
+            return tuple(gm(*[t.detach().clone() for t in inputs]))
+
+
+def _capture(call: Callable[..., Any], bound_self: Any, args: tuple) -> _Captured:
+    from ..capture import frame as frame_mod
+
+    records: list[Any] = []
+
+    def record(gm: torch.fx.GraphModule, example_inputs: list[Any], **_: Any) -> Any:
+        def run(*inputs: Any) -> Any:
+            outs = _fake_run(gm, inputs)
+            records.append((gm, list(example_inputs), outs))
+            return outs
+        return run
+
+    backend = Backend(name="precompile-capture", compile=record, level="torch")
+    cf = frame_mod.CompiledFunction(call, backend, {}, fullgraph=True, bound_self=bound_self)
+    try:
+        with config.patch(suppress_errors=False):
+            result = cf(*args)
+    except GraphBreakError as e:
+        breaks = getattr(e, "breaks", [])
+        text = str(e).replace("ember.compile(fullgraph=True)", "ember.precompile")
+        err = PrecompileGraphBreak(
+            text + "\nember.precompile needs the whole computation as one graph. A step that "
+            "calls loss.backward() breaks the graph: return the loss instead and call "
+            "backward() on the loaded artifact's result (docs/precompile.md).")
+        err.breaks = breaks  # type: ignore[attr-defined]
+        raise err from None
+    except Unsupported as e:
+        raise PrecompileError(f"ember.precompile: capture failed: {e}") from None
+    finally:
+        for k, c in list(frame_mod._code_caches.items()):
+            if c is cf.cache:
+                del frame_mod._code_caches[k]
+    if not records:
+        raise PrecompileError("ember.precompile: the function performs no tensor operation; "
+                              "there is nothing to precompile")
+    if len(records) > 1:
+        raise PrecompileError(f"ember.precompile: capture produced {len(records)} graphs; "
+                              "expected one")
+    gm, example_inputs, outs = records[0]
+    entry = cf.cache.entries[0] if cf.cache.entries else None
+    return _Captured(gm, example_inputs, outs, result, getattr(entry, "source", ""))
+
+
+_ENTRY_OK = ("___p", "___v", "return ", "___torch._C._set_grad_enabled(")
+
+
+def _check_no_side_effects(entry_source: str) -> None:
+    """The entry replays Python side effects (attribute stores, list mutations, globals) after
+    the graph: an artifact cannot, so it refuses them."""
+    lines = entry_source.splitlines()
+    try:
+        start = next(i for i, ln in enumerate(lines) if ln.strip().startswith("___o = "))
+    except StopIteration:
+        return
+    for ln in lines[start + 1:]:
+        s = ln.strip()
+        if s and not s.startswith(_ENTRY_OK):
+            raise PrecompileError(
+                "ember.precompile: the function has a Python side effect that a precompiled "
+                f"artifact cannot replay (generated step: {s!r}). Precompile a function that "
+                "only computes and returns tensors.")
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. where each graph input comes from; 3. what the result is made of
+# ---------------------------------------------------------------------------------------------
+
+def _pyname(i: int, name: str) -> str:
+    return name if name.isidentifier() and not name.startswith("_") else f"arg{i}"
+
+
+@dataclasses.dataclass
+class _Args:
+    names: list[str]
+    checks: list[str]  # source lines of the check function
+    decls: list[str]  # module-level declarations used by the checks
+    tensor_expr: dict[int, str]  # id(tensor) -> expression in the call function
+    meta: list[dict[str, Any]]
+
+
+def _module_state(m: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, bool]]:
+    tensors: dict[str, torch.Tensor] = {}
+    modes: dict[str, bool] = {}
+    for prefix, sub in m.named_modules(remove_duplicate=False):
+        modes[prefix] = bool(sub.training)
+        dot = prefix + "." if prefix else ""
+        for k, v in list(sub._parameters.items()) + list(sub._buffers.items()):
+            if v is not None:
+                tensors[dot + k] = v
+    return tensors, modes
+
+
+def _t(t: torch.Tensor) -> str:
+    return f"{tuple(t.shape)!r}, {t.dtype!r}, {str(t.device)!r}, {bool(t.requires_grad)}"
+
+
+def _walk_args(names: list[str], args: tuple) -> _Args:
+    a = _Args(names, [], [], {}, [])
+
+    def leaf(expr: str, label: str, v: Any, depth: int) -> None:
+        if isinstance(v, torch.Tensor):
+            if type(v) not in (torch.Tensor, torch.nn.Parameter):
+                raise PrecompileError(f"argument {label!r}: tensor subclass {type(v).__name__} "
+                                      "is not supported by precompile")
+            a.checks.append(
+                f"_rt.check_tensor({label!r}, {expr}, {tuple(v.shape)!r}, {tuple(v.stride())!r}, "
+                f"{v.dtype!r}, {str(v.device)!r}, {v.layout!r}, {bool(v.requires_grad)})")
+            a.tensor_expr.setdefault(id(v), expr)
+        elif isinstance(v, torch.nn.Module):
+            if depth:
+                raise PrecompileError(f"argument {label!r}: a module inside a container; pass "
+                                      "modules as direct arguments")
+            tensors, modes = _module_state(v)
+            cls = f"{type(v).__module__}.{type(v).__qualname__}"
+            state = ",\n".join(f"    {k!r}: ({_t(t)})" for k, t in tensors.items())
+            a.decls.append(f"STATE_{expr} = {{\n{state}\n}}")
+            a.decls.append(f"MODES_{expr} = {modes!r}")
+            a.checks.append(f"p_{expr} = _rt.check_module({label!r}, {expr}, {cls!r}, "
+                            f"STATE_{expr}, MODES_{expr})")
+            for k, t in tensors.items():
+                a.tensor_expr.setdefault(id(t), f"p_{expr}[{k!r}]")
+            a.meta.append({"argument": label, "module": cls, "tensors": len(tensors)})
+        elif isinstance(v, (list, tuple)) and type(v) in (list, tuple):
+            a.checks.append(f"_rt.check_value({label + ' (container)'!r}, "
+                            f"(type({expr}), len({expr})), ({type(v).__name__}, {len(v)}))")
+            for i, item in enumerate(v):
+                leaf(f"{expr}[{i}]", f"{label}[{i}]", item, depth + 1)
+        elif type(v) is dict and all(type(k) in (str, int) for k in v):
+            a.checks.append(f"_rt.check_value({label + ' (keys)'!r}, list({expr}), "
+                            f"{list(v)!r})")
+            for k, item in v.items():
+                leaf(f"{expr}[{k!r}]", f"{label}[{k!r}]", item, depth + 1)
+        elif type(v) in _SIMPLE and not (isinstance(v, float) and v != v):
+            a.checks.append(f"_rt.check_value({label!r}, {expr}, {v!r})")
+        elif isinstance(v, (torch.dtype, torch.device)):
+            a.checks.append(f"_rt.check_value({label!r}, {expr}, {_const(v)})")
+        else:
+            raise PrecompileError(
+                f"argument {label!r} of type {type(v).__name__}: precompile takes tensors, "
+                "modules, numbers, strings, None, dtypes, devices and lists/tuples/dicts of "
+                "them as arguments")
+
+    for name, v in zip(names, args):
+        leaf(name, name, v, 0)
+    return a
+
+
+def _const(v: Any) -> str:
+    if isinstance(v, torch.dtype):
+        return repr(v)
+    if isinstance(v, torch.device):
+        return f"torch.device({str(v)!r})"
+    if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
+        return f"float({str(v)!r})"
+    if type(v) in _SIMPLE:
+        return repr(v)
+    raise PrecompileError(f"ember.precompile: the result holds a {type(v).__name__} "
+                          f"({v!r:.80}), which cannot be written as source")
+
+
+def _result_expr(result: Any, out_index: dict[int, int], arg_expr: dict[int, str]) -> str:
+    """Python expression rebuilding ``result`` from ``r`` (the graph's flat outputs)."""
+    if isinstance(result, torch.Tensor):
+        if id(result) in out_index:
+            return f"r[{out_index[id(result)]}]"
+        if id(result) in arg_expr:
+            return arg_expr[id(result)]
+        raise PrecompileError("ember.precompile: the result holds a tensor that is neither a "
+                              "graph output nor an argument (a global or closure tensor?)")
+    if type(result) is tuple:
+        inner = ", ".join(_result_expr(v, out_index, arg_expr) for v in result)
+        return f"({inner}{',' if len(result) == 1 else ''})"
+    if type(result) is list:
+        return "[" + ", ".join(_result_expr(v, out_index, arg_expr) for v in result) + "]"
+    if type(result) is dict:
+        return "{" + ", ".join(f"{_const(k)}: {_result_expr(v, out_index, arg_expr)}"
+                               for k, v in result.items()) + "}"
+    if isinstance(result, torch.Size):
+        return f"torch.Size({list(result)!r})"
+    return _const(result)
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. compile
+# ---------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class _Compiled:
+    kind: str  # "torch", "inference", "training"
+    graphs: list[tuple[str, torch.fx.GraphModule, Any]]  # (name, gm, backend's callable)
+    runtime: Any = None  # AOT's ForwardOnly / Training
+
+
+def _compile(cap: _Captured, be: Backend, options: dict[str, Any]) -> _Compiled:
+    from ..backends import _global_state, _run_passes, _set_global_state
+
+    recorded: list[tuple[torch.fx.GraphModule, Any]] = []
+    real_compile = be.compile
+
+    def recording(gm: torch.fx.GraphModule, example_inputs: list[Any], **kw: Any) -> Any:
+        fn = real_compile(gm, example_inputs, **kw)
+        recorded.append((gm, fn))
+        return fn
+
+    rec_be = dataclasses.replace(be, compile=recording)
+    gm = _run_passes(cap.gm, "torch")
+    state = _global_state()
+    try:
+        if be.level == "torch":
+            fn = rec_be.compile(gm, list(cap.example_inputs), **options)
+            return _Compiled("torch", [("graph", gm, fn)])
+        from ..aot import aot_compile
+
+        aot = aot_compile(gm, list(cap.example_inputs), backend=rec_be, options=options)
+    finally:
+        _set_global_state(state)
+    (runtime,) = aot._variants.values()
+    if type(runtime).__name__ == "ForwardOnly":
+        (g, fn), = recorded
+        return _Compiled("inference", [("forward", g, fn)], runtime)
+    (fg, ffn), (bg, bfn) = recorded
+    return _Compiled("training", [("forward", fg, ffn), ("backward", bg, bfn)], runtime)
+
+
+def _graph_code(name: str, gm: torch.fx.GraphModule, fn: Any, backend: str
+                ) -> tuple[str, dict[str, bytes], str]:
+    """(source defining ``make_{name}(cache)``, cache entries, how it runs)."""
+    hook = getattr(fn, "ember_precompile", None)
+    if hook is not None:
+        fragment, entries = hook(name)
+        entries = {f"{name}/{k}": bytes(v) for k, v in dict(entries).items()}
+        return fragment.rstrip() + "\n", entries, f"backend {backend!r}'s own code"
+    if getattr(fn, "__self__", None) is gm and getattr(fn, "__name__", "") == "forward":
+        code, self_expr = graph_source(gm, f"graph_{name}")
+        make = (f"\n\ndef make_{name}(cache):\n"
+                f"    consts = {self_expr}\n"
+                f"    return lambda *args: graph_{name}(consts, *args)\n")
+        return code + make, {}, "the graph as is"
+    raise PrecompileError(
+        f"backend {backend!r} does not support precompile: the callable it returned for the "
+        f"{name} graph ({type(fn).__name__}) has no ember_precompile method. See "
+        "docs/precompile.md ('Backends') for the protocol; 'eager' and 'aot_eager' support it.")
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. source
+# ---------------------------------------------------------------------------------------------
+
+def _outputs_expr(info: Any, n: int) -> list[str]:
+    """The flat outputs of the captured graph from AOT's outputs ``outs`` (its OutputInfo)."""
+    exprs: list[str] = []
+    for o in info.outputs:
+        if o.kind == "graph":
+            exprs.append(f"outs[{o.index}]")
+        elif o.kind == "input_alias":
+            exprs.append(f"inputs[{o.index}]" if o.same else
+                         f"inputs[{o.index}].as_strided({o.size!r}, {o.stride!r}, {o.offset})")
+        elif o.kind == "output_alias":
+            b = exprs[o.index]
+            exprs.append(b if o.same else
+                         f"{b}.as_strided({o.size!r}, {o.stride!r}, "
+                         f"{b}.storage_offset() + {o.offset})")
+        else:
+            exprs.append(_const(o.value))
+    return exprs
+
+
+def _runtime_code(comp: _Compiled, n_inputs: int) -> list[str]:
+    """Lines of ``make`` (4-space indented) that define ``run(inputs) -> r`` (flat outputs)."""
+    if comp.kind == "torch":
+        return ["run_graph = make_graph(sub_cache(cache, 'graph'))",
+                "",
+                "def run(inputs):",
+                "    return run_graph(*inputs)"]
+    rt = comp.runtime
+    info = rt.info
+    n_user = len(info.graph_out_flat)
+    if list(pytree.tree_unflatten(list(range(len(info.outputs))), info.out_spec)) != \
+            list(range(len(info.outputs))):
+        raise PrecompileError("ember.precompile: unexpected output structure of the graph")
+    copies = [f"    _rt.copy_back(inputs[{i}], outs[{n_user + j}])"
+              for j, i in enumerate(info.mutated)]
+    regen = _outputs_expr(info, n_user)
+    tail = copies + ["    return [" + ", ".join(regen) + "]"]
+    if comp.kind == "inference":
+        return ["run_forward = make_forward(sub_cache(cache, 'forward'))",
+                "",
+                "def run(inputs):",
+                "    with _rt.no_autocast():",
+                "        outs = run_forward(*inputs)",
+                *tail]
+    part = rt.partition
+    tangent_meta = []
+    for node in list(part.bw.graph.nodes)[part.n_saved:]:
+        if node.op != "placeholder":
+            break
+        v = node.meta["val"]
+        tangent_meta.append((tuple(v.shape), tuple(v.stride()), v.dtype, str(v.device)))
+    deps = [sorted(d) for d in part.grad_tangent_deps]
+    return [
+        "run_forward = make_forward(sub_cache(cache, 'forward'))",
+        "run_backward = make_backward(sub_cache(cache, 'backward'))",
+        f"N_FWD, N_SAVED, N_INPUTS = {rt.n_fwd}, {part.n_saved}, {n_inputs}",
+        f"NONDIFF_OUTS = {rt.nondiff_outs!r}  # forward outputs that need no gradient",
+        f"DIFF_OUTS = {rt.diff_outs!r}",
+        f"TANGENTS = {tangent_meta!r}  # (shape, stride, dtype, device) per tangent",
+        f"RG_IDX = {rt.rg_idx!r}  # inputs that require grad",
+        f"GRAD_DEPS = {[set(d) for d in deps]!r}  # tangents each input gradient depends on",
+        "",
+        "class CompiledGraph(torch.autograd.Function):",
+        "    @staticmethod",
+        "    def forward(ctx, *inputs):",
+        "        with _rt.no_autocast():",
+        "            outs = run_forward(*inputs)",
+        "        ctx.save_for_backward(*outs[N_FWD:N_FWD + N_SAVED])",
+        "        ctx.set_materialize_grads(False)",
+        "        ctx.mark_non_differentiable(*[outs[k] for k in NONDIFF_OUTS])",
+        "        return tuple(outs[:N_FWD])",
+        "",
+        "    @staticmethod",
+        "    def backward(ctx, *grads):",
+        "        if torch.is_grad_enabled():",
+        "            raise RuntimeError('double backward through a precompiled artifact is not "
+        "supported')",
+        "        tangents, present = _rt.tangents(grads, DIFF_OUTS, TANGENTS)",
+        "        if not present:",
+        "            return (None,) * N_INPUTS",
+        "        with _rt.no_autocast():",
+        "            gin = run_backward(*ctx.saved_tensors, *tangents)",
+        "        result = [None] * N_INPUTS",
+        "        for i, g, deps in zip(RG_IDX, gin, GRAD_DEPS):",
+        "            result[i] = g if deps & present else None",
+        "        return tuple(result)",
+        "",
+        "def run(inputs):",
+        "    outs = CompiledGraph.apply(*inputs)",
+        *tail,
+    ]
+
+
+def _state_line() -> str:
+    ac = [(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in ("cpu", "cuda")]
+    return (f"_rt.check_state({torch.is_grad_enabled()}, {torch.get_default_dtype()!r}, "
+            f"{ac!r})")
+
+
+def _describe(fn: Any) -> str:
+    code = getattr(fn, "__code__", None)
+    name = getattr(fn, "__qualname__", getattr(fn, "__name__", repr(fn)))
+    if code is None:
+        return name
+    return f"{name} ({code.co_filename}:{code.co_firstlineno})"
+
+
+def precompile(fn: Any, *example_inputs: Any, backend: str | Backend = "aot_eager",
+               options: dict[str, Any] | None = None) -> Artifact:
+    """Capture ``fn(*example_inputs)`` as one graph, compile it with ``backend`` and return an
+    :class:`Artifact`. See docs/precompile.md."""
+    from ..api import _check_python
+
+    _check_python()
+    be = get_backend(backend)
+    options = dict(options or {})
+    if isinstance(fn, torch.nn.Module):
+        call, bound_self, args = type(fn).forward, fn, (fn, *example_inputs)
+        params = list(inspect.signature(type(fn).forward).parameters)
+        names = ["model"] + params[1:]
+        what = f"{type(fn).__qualname__}.forward"
+    else:
+        if not callable(fn) or getattr(fn, "__code__", None) is None:
+            raise TypeError(f"ember.precompile expects a Python function or an nn.Module, got "
+                            f"{type(fn).__name__}")
+        call, bound_self, args = fn, None, example_inputs
+        params = [p for p in inspect.signature(fn).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        names = [p.name for p in params]
+        what = _describe(fn)
+    names = [_pyname(i, names[i] if i < len(names) else "") for i in range(len(args))]
+    if len(set(names)) != len(names):
+        names = [f"arg{i}" for i in range(len(args))]
+    walked = _walk_args(names, args)
+    cap = _capture(call, bound_self, example_inputs)
+    _check_no_side_effects(cap.entry_source)
+    if not all(isinstance(t, torch.Tensor) for t in cap.example_inputs):
+        raise PrecompileError("ember.precompile: the graph has non-tensor inputs")
+    input_exprs = []
+    for node, t in zip([n for n in cap.gm.graph.nodes if n.op == "placeholder"],
+                       cap.example_inputs):
+        e = walked.tensor_expr.get(id(t))
+        if e is None:
+            raise PrecompileError(
+                f"ember.precompile: the graph reads the tensor {node.name!r} (shape "
+                f"{tuple(t.shape)}), which is not an argument nor a parameter/buffer of a module "
+                "argument (a global or a closure?). Pass it, or the model that holds it, as an "
+                "argument: ember.precompile(lambda model, x: model(x), model, x).")
+        input_exprs.append(e)
+    out_index = {id(o): i for i, o in enumerate(cap.fake_outputs)}
+    result = _result_expr(cap.result, out_index, walked.tensor_expr)
+
+    comp = _compile(cap, be, options)
+    parts, entries, how = [], {}, []
+    for name, g, cfn in comp.graphs:
+        code, ents, desc = _graph_code(name, g, cfn, be.name)
+        n_ops = sum(1 for n in g.graph.nodes if n.op == "call_function")
+        parts.append(f"# {'=' * 90}\n# graph {name!r}: {n_ops} ops; runs {desc}\n"
+                     f"# {'=' * 90}\n{code}")
+        entries.update(ents)
+        how.append({"graph": name, "ops": n_ops, "runs": desc})
+
+    meta = {
+        "format": FORMAT_VERSION,
+        "function": what,
+        "backend": be.name,
+        "kind": comp.kind,
+        "arguments": names,
+        "modules": walked.meta,
+        "graphs": how,
+        "options": {k: repr(v) for k, v in options.items()},
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    sig = ", ".join(names)
+    check_body = [_state_line()] + walked.checks
+    module_vars = sorted({c.split(" = ")[0] for c in walked.checks if " = " in c})
+    check_body.append(f"return {', '.join(module_vars)}" if len(module_vars) != 1
+                      else f"return {module_vars[0]},")
+    if not module_vars:
+        check_body[-1] = "return ()"
+    make_body = _runtime_code(comp, len(input_exprs)) + [
+        "",
+        f"def call({sig}):",
+        f"    {', '.join(module_vars) + ',' if module_vars else '_'} = check({sig})",
+        f"    inputs = [{', '.join(input_exprs)}]",
+        "    r = run(inputs)",
+        f"    return {result}",
+        "",
+        "call.check = check",
+        "return call",
+    ]
+    header = textwrap.dedent(f'''\
+        """Ember precompiled artifact: {what}, backend {be.name!r} ({comp.kind}).
+
+        Generated by ember.precompile (format {FORMAT_VERSION}) on {meta["created"]} with torch
+        {torch.__version__}. Loading this file executes it: load it only from where you would
+        import code. Call: call({sig}) with arguments like those it was precompiled with (the
+        checks below say which); model weights are read from the model passed at each call.
+        """
+        import torch
+        from ember.precompile import runtime as _rt
+
+        ''')
+    src = [header, PRELUDE,
+           "ARTIFACT = " + json.dumps(meta, indent=1, sort_keys=True).replace(
+               "true", "True").replace("false", "False").replace("null", "None") + "\n\n",
+           "\n\n".join(parts),
+           "\n\n# " + "=" * 90 + "\n# checks: what the graph was traced for\n# " + "=" * 90,
+           "\n" + "\n\n".join(walked.decls) + ("\n" if walked.decls else ""),
+           f"\n\ndef check({sig}):\n" + textwrap.indent("\n".join(check_body), "    ") + "\n",
+           "\n\ndef sub_cache(cache, name):\n"
+           "    if cache is None:\n"
+           "        return None\n"
+           "    return {k[len(name) + 1:]: v for k, v in cache.items() "
+           "if k.startswith(name + '/')}\n",
+           "\n\ndef make(cache):\n"
+           '    """The compiled function. ``cache``: name -> bytes (from the artifact\'s cache '
+           'container), or None to build everything from this source."""\n'
+           + textwrap.indent("\n".join(make_body), "    ") + "\n"]
+    source = "".join(src)
+    source = "\n".join(ln.rstrip() for ln in source.splitlines()) + "\n"
+    try:
+        compile(source, "<ember precompiled artifact>", "exec")
+    except SyntaxError as e:  # an Ember bug: show the line
+        raise PrecompileError(f"ember.precompile generated invalid source at line {e.lineno}: "
+                              f"{source.splitlines()[(e.lineno or 1) - 1]!r}") from e
+    cache = container.pack(entries, source_sha256=container.sha256(source),
+                           platform={"torch": torch.__version__, "machine": platform.machine(),
+                                     "backend": be.name})
+    return Artifact(source, cache, meta)
