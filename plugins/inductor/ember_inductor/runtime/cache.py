@@ -1,0 +1,401 @@
+"""Ember inductor's on-disk cache: C++ source -> shared library, and a small text store.
+
+Everything is keyed by content. A compiled kernel library is found by the sha256 of
+
+* the C++ source,
+* the compiler (resolved path and ``--version`` text),
+* the flags,
+* the CPU instruction set the compiler targets (``-march=native`` resolved by the compiler itself,
+  ``g++ -march=native -Q --help=target``; ``/proc/cpuinfo`` flags if the compiler cannot say) —
+  code built for this CPU must never be loaded on another,
+* the torch version and this cache's format version;
+
+nothing else decides a hit. Writes are atomic (build into a unique temporary file in the entry's
+folder, then ``os.replace``) and serialized per key with ``fcntl.flock``, so several processes
+compiling the same source at once build it once and never see a half-written file. Each library
+has a metadata file with the sha256 and size of its bytes; an entry whose bytes do not match is
+rebuilt, never loaded. Nothing is pickled.
+
+Layout under :func:`cache_dir`::
+
+    cpp/<k[:2]>/<k>.cpp     the source (kept for error messages and debugging)
+    cpp/<k[:2]>/<k>.so      the library
+    cpp/<k[:2]>/<k>.json    {"format", "sha256", "size", "flags", ...}: written last, the commit mark
+    cpp/<k[:2]>/<k>.lock    flock target while building
+    text/<namespace>/<sha256(key)>.json   {"format", "key", "sha256", "text"}
+
+Flags (why): ``-O3 -march=native -fopenmp -shared -fPIC -std=c++17`` plus
+
+* ``-ffp-contract=off``: no fused multiply-add unless the source asks for one (``std::fma``); a
+  contracted ``a*b+c`` rounds once instead of twice and differs from eager in the last bit.
+* ``-fno-math-errno``: math functions need not set ``errno``, so ``sqrt`` becomes one instruction
+  and loops calling it can vectorize; the values are the same IEEE results.
+* never ``-ffast-math`` (or ``-ffinite-math-only``, ``-funsafe-math-optimizations``): those change
+  NaN/infinity handling and reassociate sums, so results would differ from eager.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import functools
+import hashlib
+import json
+import logging
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Sequence
+
+import ember
+
+__all__ = [
+    "CompileError",
+    "BASE_FLAGS",
+    "FORMAT_VERSION",
+    "cache_dir",
+    "compile_cpp",
+    "compile_cpp_many",
+    "load_cpp",
+    "cpp_key",
+    "get_text",
+    "put_text",
+    "info",
+    "clear",
+]
+
+log = logging.getLogger("ember.inductor.cache")
+
+#: Bump when the layout or the meaning of an entry changes: old entries become misses.
+FORMAT_VERSION = 1
+
+#: Flags every library is built with (see the module docstring for why each one).
+BASE_FLAGS: tuple[str, ...] = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC",
+                               "-std=c++17", "-ffp-contract=off", "-fno-math-errno")
+
+_NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
+_KINDS = ("cpp", "text")
+_lock = threading.Lock()
+_built: dict[tuple[str, str, tuple[str, ...]], pathlib.Path] = {}
+_loaded: dict[pathlib.Path, ctypes.CDLL] = {}
+
+
+class CompileError(ember.EmberError):
+    """The C++ compiler failed; the message carries its (trimmed) stderr and the source path."""
+
+
+# --------------------------------------------------------------------------------------------
+# where, and with what
+
+
+def cache_dir() -> pathlib.Path:
+    """The root of Ember's on-disk cache.
+
+    ``EMBER_CACHE_DIR`` if set (read at each call), else ``ember.config.cache_dir`` if it was
+    changed from its default, else ``$XDG_CACHE_HOME/ember`` or ``~/.cache/ember``.
+    """
+    env = os.environ.get("EMBER_CACHE_DIR")
+    if env:
+        return pathlib.Path(env).expanduser()
+    configured = getattr(ember.config, "cache_dir", None)
+    default = os.path.join(os.path.expanduser("~"), ".cache", "ember")
+    if configured and configured != default:
+        return pathlib.Path(configured).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = pathlib.Path(xdg) if xdg else pathlib.Path.home() / ".cache"
+    return base / "ember"
+
+
+def _compiler() -> str:
+    name = os.environ.get("CXX") or "g++"
+    path = shutil.which(name)
+    if path is None:
+        raise CompileError(f"C++ compiler {name!r} not found on PATH; the inductor backend's CPU "
+                           "code needs gcc (g++). Install it (e.g. apt-get install g++) or set "
+                           "CXX to a compiler.")
+    return os.path.realpath(path)
+
+
+def _run_text(cmd: Sequence[str]) -> str:
+    try:
+        r = subprocess.run(list(cmd), capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return r.stdout + r.stderr if r.returncode == 0 else ""
+
+
+def _cpuinfo_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return " ".join(sorted(line.split(":", 1)[1].split()))
+    except OSError:
+        pass
+    return ""
+
+
+@functools.lru_cache(maxsize=None)
+def _toolchain(compiler: str) -> str:
+    """Everything about compiler, target CPU and torch that decides what a build produces."""
+    import torch
+
+    version = _run_text([compiler, "--version"])
+    # The compiler's own resolution of -march=native: the target name and every -m flag it
+    # enables. Hashing it means a different CPU (or a different gcc's idea of it) is a miss.
+    target = _run_text([compiler, "-march=native", "-Q", "--help=target"])
+    if not target.strip():
+        target = "cpuinfo:" + _cpuinfo_flags()
+    return "\n".join([f"format={FORMAT_VERSION}", f"compiler={compiler}", version,
+                      hashlib.sha256(target.encode()).hexdigest(), f"torch={torch.__version__}"])
+
+
+def _flags(extra_flags: Sequence[str]) -> tuple[str, ...]:
+    return BASE_FLAGS + tuple(extra_flags)
+
+
+def cpp_key(source: str, extra_flags: Sequence[str] = ()) -> str:
+    """The cache key (hex sha256) of ``source`` built with :data:`BASE_FLAGS` + ``extra_flags``."""
+    h = hashlib.sha256()
+    for part in (_toolchain(_compiler()), "\0".join(_flags(extra_flags)), source):
+        h.update(part.encode())
+        h.update(b"\0\0")
+    return h.hexdigest()
+
+
+# --------------------------------------------------------------------------------------------
+# small file helpers
+
+
+def _sha256_file(path: pathlib.Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _atomic_write(path: pathlib.Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        _unlink(tmp)
+        raise
+
+
+def _unlink(path: str | pathlib.Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _entry(key: str) -> tuple[pathlib.Path, pathlib.Path, pathlib.Path]:
+    d = cache_dir() / "cpp" / key[:2]
+    return d / f"{key}.cpp", d / f"{key}.so", d / f"{key}.json"
+
+
+def _valid(so: pathlib.Path, meta: pathlib.Path) -> bool:
+    """The library exists and its bytes are those its metadata records."""
+    try:
+        m = json.loads(meta.read_text())
+        if m.get("format") != FORMAT_VERSION or so.stat().st_size != m.get("size"):
+            return False
+        return _sha256_file(so) == m.get("sha256")
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+class _FileLock:
+    """An exclusive ``fcntl.flock`` on a lock file, released on exit (and by the OS on death)."""
+
+    def __init__(self, path: pathlib.Path):
+        self.path = path
+
+    def __enter__(self) -> "_FileLock":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)
+
+
+# --------------------------------------------------------------------------------------------
+# C++ -> shared library
+
+
+def _build(key: str, source: str, flags: tuple[str, ...]) -> pathlib.Path:
+    src, so, meta = _entry(key)
+    if _valid(so, meta):
+        return so
+    with _FileLock(so.with_suffix(".lock")):
+        if _valid(so, meta):  # another process built it while we waited
+            return so
+        if so.exists() or meta.exists():
+            log.warning("cache entry %s is corrupt or incomplete; rebuilding", so)
+        _atomic_write(src, source.encode())
+        fd, tmp = tempfile.mkstemp(prefix=f".{key}.", suffix=".so.tmp", dir=so.parent)
+        os.close(fd)
+        try:
+            cmd = [_compiler(), *flags, str(src), "-o", tmp]
+            log.debug("building %s", " ".join(cmd))
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if r.returncode != 0:
+                err = (r.stderr or r.stdout).strip()
+                if len(err) > 4000:
+                    err = err[:2000] + "\n  [...]\n" + err[-2000:]
+                raise CompileError(f"C++ compilation failed (exit {r.returncode}) for {src}\n"
+                                   f"  command: {' '.join(cmd)}\n{err}")
+            digest, size = _sha256_file(pathlib.Path(tmp)), os.path.getsize(tmp)
+            os.replace(tmp, so)
+        except BaseException:
+            _unlink(tmp)
+            raise
+        record = {"format": FORMAT_VERSION, "sha256": digest, "size": size,
+                  "flags": list(flags), "compiler": _compiler()}
+        _atomic_write(meta, json.dumps(record, indent=1).encode())
+        return so
+
+
+def compile_cpp(source: str, extra_flags: Sequence[str] = ()) -> pathlib.Path:
+    """Build C++ ``source`` into a shared library (or find it in the cache); return its path.
+
+    Flags are :data:`BASE_FLAGS` followed by ``extra_flags`` (both part of the key). A second
+    call with the same arguments in the same process is a dictionary lookup. Raises
+    :class:`CompileError` with the compiler's stderr when the build fails.
+    """
+    flags = tuple(extra_flags)
+    memo_key = (str(cache_dir()), source, flags)
+    hit = _built.get(memo_key)
+    if hit is not None:
+        return hit
+    path = _build(cpp_key(source, flags), source, _flags(flags))
+    with _lock:
+        _built[memo_key] = path
+    return path
+
+
+def compile_cpp_many(sources: Sequence[str], extra_flags: Sequence[str] = ()) -> list[pathlib.Path]:
+    """:func:`compile_cpp` for each source; the missing ones build in parallel (one gcc each, up
+    to ``os.cpu_count()`` at once). Returns the paths in the order of ``sources``."""
+    unique = list(dict.fromkeys(sources))
+    workers = min(len(unique), os.cpu_count() or 1)
+    if workers <= 1:
+        done = {s: compile_cpp(s, extra_flags) for s in unique}
+    else:
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ember-cc") as pool:
+            done = dict(zip(unique, pool.map(lambda s: compile_cpp(s, extra_flags), unique)))
+    return [done[s] for s in sources]
+
+
+def load_cpp(source: str, extra_flags: Sequence[str] = ()) -> ctypes.CDLL:
+    """Build (or find) ``source`` and load it with ctypes; memoized per process."""
+    path = compile_cpp(source, extra_flags)
+    lib = _loaded.get(path)
+    if lib is None:
+        with _lock:
+            lib = _loaded.get(path)
+            if lib is None:
+                lib = _loaded[path] = ctypes.CDLL(str(path))
+    return lib
+
+
+# --------------------------------------------------------------------------------------------
+# text store
+
+
+def _text_path(namespace: str, key: str) -> pathlib.Path:
+    if not _NAMESPACE_RE.match(namespace):
+        raise ValueError(f"cache namespace {namespace!r} must match {_NAMESPACE_RE.pattern}")
+    name = hashlib.sha256(key.encode()).hexdigest()
+    return cache_dir() / "text" / namespace / f"{name}.json"
+
+
+def put_text(namespace: str, key: str, text: str) -> None:
+    """Store ``text`` under ``(namespace, key)``, atomically (last writer wins)."""
+    record = {"format": FORMAT_VERSION, "key": key,
+              "sha256": hashlib.sha256(text.encode()).hexdigest(), "text": text}
+    _atomic_write(_text_path(namespace, key), json.dumps(record).encode())
+
+
+def get_text(namespace: str, key: str) -> str | None:
+    """The text stored under ``(namespace, key)``, or None when absent or corrupt."""
+    path = _text_path(namespace, key)
+    try:
+        record = json.loads(path.read_bytes())
+        text = record["text"]
+        if (record.get("format") == FORMAT_VERSION and record.get("key") == key
+                and isinstance(text, str)
+                and hashlib.sha256(text.encode()).hexdigest() == record.get("sha256")):
+            return text
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    log.warning("cache text entry %s is corrupt; treated as a miss", path)
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# inspection
+
+
+def info() -> dict[str, Any]:
+    """``{"dir": str, "entries": {kind: n}, "bytes": {kind: n}}``; kinds: ``so`` (libraries),
+    ``cpp`` (sources), ``meta``, ``text``, ``other`` (locks, leftover temporaries)."""
+    root = cache_dir()
+    entries: dict[str, int] = {k: 0 for k in ("so", "cpp", "meta", "text", "other")}
+    sizes = dict.fromkeys(entries, 0)
+    for top in _KINDS:
+        for dirpath, _, files in os.walk(root / top):
+            for name in files:
+                kind = _kind(top, name)
+                entries[kind] += 1
+                try:
+                    sizes[kind] += os.path.getsize(os.path.join(dirpath, name))
+                except OSError:
+                    pass
+    return {"dir": str(root), "entries": entries, "bytes": sizes,
+            "total_bytes": sum(sizes.values())}
+
+
+def _kind(top: str, name: str) -> str:
+    if name.startswith(".") or name.endswith((".tmp", ".lock")):
+        return "other"
+    if top == "text":
+        return "text" if name.endswith(".json") else "other"
+    return {".so": "so", ".cpp": "cpp", ".json": "meta"}.get(os.path.splitext(name)[1], "other")
+
+
+def clear() -> int:
+    """Remove every entry of this cache (only its own folders under :func:`cache_dir`); returns
+    the number of files removed. Libraries already loaded in a process stay usable there."""
+    root = cache_dir()
+    removed = 0
+    for top in _KINDS:
+        base = root / top
+        if not base.is_dir():
+            continue
+        for dirpath, _, files in os.walk(base):
+            for name in files:
+                try:
+                    os.unlink(os.path.join(dirpath, name))
+                    removed += 1
+                except OSError:
+                    pass
+        shutil.rmtree(base, ignore_errors=True)
+    with _lock:
+        _built.clear()
+    return removed
