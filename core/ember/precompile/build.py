@@ -83,7 +83,7 @@ class _Captured:
     example_inputs: list[torch.Tensor]
     fake_outputs: tuple
     result: Any
-    entry_source: str
+    entry: Any
 
 
 def _fake_run(gm: torch.fx.GraphModule, inputs: Sequence[torch.Tensor]) -> tuple:
@@ -142,23 +142,42 @@ def _capture(call: Callable[..., Any], bound_self: Any, args: tuple) -> _Capture
                               "expected one")
     gm, example_inputs, outs = records[0]
     entry = cf.cache.entries[0] if cf.cache.entries else None
-    return _Captured(gm, example_inputs, outs, result, getattr(entry, "source", ""))
+    return _Captured(gm, example_inputs, outs, result, entry)
 
 
 _ENTRY_OK = ("___p", "___v", "return ", "___torch._C._set_grad_enabled(")
 
 
-def _check_no_side_effects(entry_source: str) -> None:
+def _noop_store(line: str, values: dict[str, str], ns: dict[str, Any]) -> bool:
+    """Is ``target = ___pN`` a store of the value the target already holds (a library that sets
+    a global and puts it back, as transformers' output collector does)? Both sides are
+    evaluated in the entry's namespace; anything that needs the call's arguments is not."""
+    target, _, value = (p.strip() for p in line.partition(" = "))
+    expr = values.get(value)
+    if not target or expr is None or "___o" in expr:
+        return False
+    try:
+        return eval(target, dict(ns)) is eval(expr, dict(ns))  # noqa: S307 - Ember's own code
+    except Exception:
+        return False
+
+
+def _check_no_side_effects(entry: Any) -> None:
     """The entry replays Python side effects (attribute stores, list mutations, globals) after
-    the graph: an artifact cannot, so it refuses them."""
-    lines = entry_source.splitlines()
+    the graph: an artifact cannot, so it refuses them (stores that change nothing excepted)."""
+    lines = getattr(entry, "source", "").splitlines()
     try:
         start = next(i for i, ln in enumerate(lines) if ln.strip().startswith("___o = "))
     except StopIteration:
         return
+    values: dict[str, str] = {}
     for ln in lines[start + 1:]:
         s = ln.strip()
-        if s and not s.startswith(_ENTRY_OK):
+        if s.startswith("___p") and " = " in s:
+            name, _, expr = s.partition(" = ")
+            values[name.strip()] = expr.strip()
+        if s and not s.startswith(_ENTRY_OK) and \
+                not _noop_store(s, values, getattr(entry, "__globals__", {})):
             raise PrecompileError(
                 "ember.precompile: the function has a Python side effect that a precompiled "
                 f"artifact cannot replay (generated step: {s!r}). Precompile a function that "
@@ -295,27 +314,48 @@ class _Compiled:
     runtime: Any = None  # AOT's ForwardOnly / Training
 
 
-def _compile(cap: _Captured, be: Backend, options: dict[str, Any]) -> _Compiled:
-    from ..backends import _global_state, _run_passes, _set_global_state
+def _input_infos(cap: _Captured, exprs: list[str]) -> list[Any]:
+    """What the backend is told about each graph input. Parameters and buffers are read from
+    the model passed at each call of the artifact: their addresses are *not* stable (a backend
+    must not bake their values or addresses in)."""
+    from ..context import InputInfo
+
+    infos = []
+    for t, e in zip(cap.example_inputs, exprs):
+        if e.startswith("p_"):
+            kind = "parameter" if isinstance(t, torch.nn.Parameter) else "buffer"
+        else:
+            kind = "user"
+        infos.append(InputInfo(kind, e, False))
+    return infos
+
+
+def _compile(cap: _Captured, be: Backend, options: dict[str, Any], exprs: list[str]
+             ) -> _Compiled:
+    from ..backends import (_global_state, _run_passes, _set_global_state, call_backend,
+                            make_context)
 
     recorded: list[tuple[torch.fx.GraphModule, Any]] = []
-    real_compile = be.compile
 
-    def recording(gm: torch.fx.GraphModule, example_inputs: list[Any], **kw: Any) -> Any:
-        fn = real_compile(gm, example_inputs, **kw)
+    def recording(gm: torch.fx.GraphModule, example_inputs: list[Any], *, context: Any = None,
+                  **kw: Any) -> Any:
+        fn = call_backend(be, gm, example_inputs, kw, context)
         recorded.append((gm, fn))
         return fn
 
     rec_be = dataclasses.replace(be, compile=recording)
     gm = _run_passes(cap.gm, "torch")
+    ctx = make_context(gm, cap.example_inputs, be, options, _input_infos(cap, exprs),
+                       "precompile")
     state = _global_state()
     try:
         if be.level == "torch":
-            fn = rec_be.compile(gm, list(cap.example_inputs), **options)
+            fn = call_backend(rec_be, gm, list(cap.example_inputs), options, ctx)
             return _Compiled("torch", [("graph", gm, fn)])
         from ..aot import aot_compile
 
-        aot = aot_compile(gm, list(cap.example_inputs), backend=rec_be, options=options)
+        aot = aot_compile(gm, list(cap.example_inputs), backend=rec_be, options=options,
+                          context=ctx)
     finally:
         _set_global_state(state)
     (runtime,) = aot._variants.values()
@@ -484,7 +524,7 @@ def precompile(fn: Any, *example_inputs: Any, backend: str | Backend = "aot_eage
         names = [f"arg{i}" for i in range(len(args))]
     walked = _walk_args(names, args)
     cap = _capture(call, bound_self, example_inputs)
-    _check_no_side_effects(cap.entry_source)
+    _check_no_side_effects(cap.entry)
     if not all(isinstance(t, torch.Tensor) for t in cap.example_inputs):
         raise PrecompileError("ember.precompile: the graph has non-tensor inputs")
     input_exprs = []
@@ -501,7 +541,7 @@ def precompile(fn: Any, *example_inputs: Any, backend: str | Backend = "aot_eage
     out_index = {id(o): i for i, o in enumerate(cap.fake_outputs)}
     result = _result_expr(cap.result, out_index, walked.tensor_expr)
 
-    comp = _compile(cap, be, options)
+    comp = _compile(cap, be, options, input_exprs)
     parts, entries, how = [], {}, []
     for name, g, cfn in comp.graphs:
         code, ents, desc = _graph_code(name, g, cfn, be.name)
