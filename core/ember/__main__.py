@@ -1,4 +1,5 @@
-"""Ember's command line: ``python -m ember backends`` / ``ember backends``, ``ember demo``."""
+"""Ember's command line: ``python -m ember backends`` / ``ember backends``, ``ember demo``,
+``ember cache info|clear``."""
 
 from __future__ import annotations
 
@@ -52,6 +53,37 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(backends=args.backend or None, iters=args.iters)
 
 
+def _cmd_cache(args: argparse.Namespace) -> int:
+    # The on-disk cache belongs to the inductor plugin; the core must work without it.
+    try:
+        from ember_inductor.runtime import cache
+    except ImportError as e:
+        print(f"the inductor plugin (ember-inductor) is not installed, so there is no Ember "
+              f"cache to {args.action}: pip install ./plugins/inductor ({e})", file=sys.stderr)
+        return 1
+    if args.action == "clear":
+        n = cache.clear()
+        print(f"removed {n} file(s) from {cache.cache_dir()}")
+        return 0
+    st = cache.info()
+    print(f"cache dir: {st['dir']}")
+    labels = {"so": "compiled libraries", "cpp": "C++ sources", "meta": "library metadata",
+              "text": "text entries (wrappers, tuning choices)", "other": "locks and temporaries"}
+    for kind, label in labels.items():
+        print(f"  {label:<42} {st['entries'][kind]:>7} files {_human(st['bytes'][kind]):>10}")
+    print(f"  {'total':<42} {sum(st['entries'].values()):>7} files "
+          f"{_human(st['total_bytes']):>10}")
+    return 0
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ember", description="Ember, a compiler for PyTorch "
                                      "programs.")
@@ -64,6 +96,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "eager and aot_eager, those installed")
     p.add_argument("--iters", type=int, default=50, help="timed calls per variant (default 50)")
     p.set_defaults(func=_cmd_demo)
+    p = sub.add_parser("cache", help="show or empty the on-disk compile cache (EMBER_CACHE_DIR)")
+    p.add_argument("action", choices=("info", "clear"), help="info: where it is and how big; "
+                   "clear: remove every entry")
+    p.set_defaults(func=_cmd_cache)
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)
 

@@ -256,8 +256,8 @@ def _build(key: str, source: str, flags: tuple[str, ...]) -> pathlib.Path:
                 err = (r.stderr or r.stdout).strip()
                 if len(err) > 4000:
                     err = err[:2000] + "\n  [...]\n" + err[-2000:]
-                raise CompileError(f"C++ compilation failed (exit {r.returncode}) for {src}\n"
-                                   f"  command: {' '.join(cmd)}\n{err}")
+                raise CompileError(f"C++ compilation failed (exit {r.returncode}) for {src}:\n"
+                                   f"{err}\n  command: {' '.join(cmd)}")
             digest, size = _sha256_file(pathlib.Path(tmp)), os.path.getsize(tmp)
             os.replace(tmp, so)
         except BaseException:
