@@ -34,9 +34,12 @@ class OutputInfo:
     index: int = -1
     size: tuple[int, ...] = ()
     stride: tuple[int, ...] = ()
-    offset: int = 0  # for "output_alias": relative to the base output's storage offset
+    # "input_alias": storage offset (in elements of ``dtype``); "output_alias": in bytes,
+    # relative to the base output's storage offset (the base's offset may differ at run time)
+    offset: int = 0
     same: bool = False  # the alias is the very tensor (same size, stride and offset)
     value: Any = None
+    dtype: Any = None  # the alias's dtype (a view may reinterpret its base: view(dtype), .real)
 
 
 @dataclasses.dataclass
@@ -117,9 +120,9 @@ def analyze(gm: torch.fx.GraphModule, tensors: Sequence[torch.Tensor],
         for i, f in enumerate(fakes):
             if torch._C._is_alias_of(o, f):
                 same = (o.size() == f.size() and o.stride() == f.stride()
-                        and o.storage_offset() == f.storage_offset())
+                        and o.storage_offset() == f.storage_offset() and o.dtype == f.dtype)
                 info = OutputInfo("input_alias", i, tuple(o.size()), tuple(o.stride()),
-                                  o.storage_offset(), same)
+                                  o.storage_offset(), same, dtype=o.dtype)
                 break
         if info is None:
             for j in range(k):
@@ -127,9 +130,11 @@ def analyze(gm: torch.fx.GraphModule, tensors: Sequence[torch.Tensor],
                 if (isinstance(b, torch.Tensor) and outputs[j].kind == "graph"
                         and torch._C._is_alias_of(o, b)):
                     same = (o.size() == b.size() and o.stride() == b.stride()
-                            and o.storage_offset() == b.storage_offset())
+                            and o.storage_offset() == b.storage_offset() and o.dtype == b.dtype)
                     info = OutputInfo("output_alias", j, tuple(o.size()), tuple(o.stride()),
-                                      o.storage_offset() - b.storage_offset(), same)
+                                      o.storage_offset() * o.element_size()
+                                      - b.storage_offset() * b.element_size(), same,
+                                      dtype=o.dtype)
                     break
         if info is None:
             info = OutputInfo("graph", len(graph_out_flat))

@@ -169,7 +169,7 @@ class AOTCompiled:
         bw = self._compile(part.bw, _example_from_meta(part.bw),
                            self._context("backward", self._backward_infos(joint, part, primals)))
         runtime = Training(info, fw, lambda: bw, rg, part.n_saved, tangent_meta,
-                           part.grad_tangent_deps)
+                           part.grad_tangent_deps, part.primal_reaches)
         runtime.partition = part  # for inspection (tests, debugging)
         return runtime
 

@@ -79,6 +79,10 @@ class Partition:
     saved_bytes: int
     # per gradient output: the tangent positions it depends on (all None -> gradient is None)
     grad_tangent_deps: list[frozenset[int]] = dataclasses.field(default_factory=list)
+    # per primal: the forward outputs (positions) whose value it flows into. A gradient that
+    # depends on no tangent at all (a zeros tensor: angle or sgn of a real input, the gradient of
+    # copysign's sign argument) exists in eager as soon as one of these outputs gets a gradient.
+    primal_reaches: list[frozenset[int]] = dataclasses.field(default_factory=list)
 
 
 class _FlowGraph:
@@ -219,7 +223,24 @@ def partition_joint(joint: fx.GraphModule, n_primals: int, n_fwd_outs: int,
     bw = _build_backward(joint, saved, tangents, grad_outs)
     grad_deps = [deps.get(o, frozenset()) if isinstance(o, fx.Node) else frozenset()
                  for o in grad_outs]
-    return Partition(fw, bw, len(saved), [n.name for n in saved], saved_bytes(saved), grad_deps)
+    return Partition(fw, bw, len(saved), [n.name for n in saved], saved_bytes(saved), grad_deps,
+                     _primal_reaches(g, primals, fwd_outs, tangent_dep))
+
+
+def _primal_reaches(g: fx.Graph, primals: list[fx.Node], fwd_outs: list[Any],
+                    tangent_dep: set[fx.Node]) -> list[frozenset[int]]:
+    src: dict[fx.Node, frozenset[int]] = {p: frozenset([i]) for i, p in enumerate(primals)}
+    for n in g.nodes:
+        if n.op == "call_function" and n not in tangent_dep:
+            d = frozenset().union(*[src.get(a, frozenset()) for a in n.all_input_nodes])
+            if d:
+                src[n] = d
+    reach: list[set[int]] = [set() for _ in primals]
+    for k, o in enumerate(fwd_outs):
+        if isinstance(o, fx.Node):
+            for i in src.get(o, ()):
+                reach[i].add(k)
+    return [frozenset(r) for r in reach]
 
 
 def _ancestors(roots: list[fx.Node]) -> set[fx.Node]:

@@ -37,14 +37,42 @@ def _regenerate(info: GraphInfo, inputs: Sequence[torch.Tensor],
             flat.append(graph_outs[o.index])
         elif o.kind == "input_alias":
             base = inputs[o.index]
-            flat.append(base if o.same else base.as_strided(o.size, o.stride, o.offset))
+            flat.append(base if o.same else view_of(base, o.size, o.stride, o.offset, o.dtype))
         elif o.kind == "output_alias":
             base = flat[o.index]
-            flat.append(base if o.same else
-                        base.as_strided(o.size, o.stride, base.storage_offset() + o.offset))
+            if o.same:
+                flat.append(base)
+            else:
+                nbytes = base.storage_offset() * base.element_size() + o.offset
+                itemsize = _itemsize(o.dtype or base.dtype)
+                flat.append(view_of(base, o.size, o.stride, nbytes // itemsize, o.dtype))
         else:
             flat.append(o.value)
     return pytree.tree_unflatten(flat, info.out_spec)
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return dtype.itemsize
+
+
+def view_of(base: torch.Tensor, size: Sequence[int], stride: Sequence[int], offset: int,
+            dtype: torch.dtype | None) -> torch.Tensor:
+    """A view of ``base``'s storage with the given geometry (in elements of ``dtype``) and dtype,
+    differentiable where eager's view is (complex <-> real reinterpretations, as ``view_as_real``,
+    ``.real``, ``.imag`` and ``view_as_complex`` are); other dtype views are not differentiable in
+    eager either, and are made directly on the storage."""
+    if dtype is None or dtype == base.dtype:
+        return base.as_strided(size, stride, offset)
+    if base.is_complex() and dtype == base.real.dtype:
+        return torch.view_as_real(base).as_strided(size, stride, offset)
+    if dtype.is_complex and base.dtype == torch.empty(0, dtype=dtype).real.dtype:
+        flat = base.as_strided(tuple(size) + (2,), tuple(2 * s for s in stride) + (1,),
+                               2 * offset)
+        return torch.view_as_complex(flat)
+    with torch.no_grad():
+        out = torch.empty(0, dtype=dtype, device=base.device)
+        out.set_(base.untyped_storage(), offset, tuple(size), tuple(stride))
+    return out
 
 
 def _copy_back(info: GraphInfo, inputs: Sequence[torch.Tensor],
@@ -85,7 +113,8 @@ class Training:
 
     def __init__(self, info: GraphInfo, fw: Callable[..., Any], bw_compile: Callable[..., Any],
                  requires_grad: Sequence[bool], n_saved: int, tangent_meta: list[Any],
-                 grad_deps: Sequence[frozenset[int]]):
+                 grad_deps: Sequence[frozenset[int]],
+                 primal_reaches: Sequence[frozenset[int]] | None = None):
         self.info = info
         self.partition: Any = None  # the Partition (forward/backward graphs), for inspection
         n_user = len(info.graph_out_flat)
@@ -96,6 +125,14 @@ class Training:
         self.rg_idx = [i for i, r in enumerate(requires_grad) if r]
         n_inputs = len(requires_grad)
         runtime = self
+        # A gradient that depends on no tangent (a zeros tensor) is given, as eager gives it, when
+        # an output its input flows into has a gradient.
+        tangent_of = {k: j for j, k in enumerate(self.diff_outs)}
+        grad_deps = list(grad_deps)
+        for pos, i in enumerate(self.rg_idx):
+            if pos < len(grad_deps) and not grad_deps[pos] and primal_reaches is not None:
+                grad_deps[pos] = frozenset(tangent_of[k] for k in primal_reaches[i]
+                                           if k in tangent_of)
         # The backward graph is compiled once; bw_compile returns the callable.
         self._bw: Callable[..., Any] | None = None
         self._bw_compile = bw_compile

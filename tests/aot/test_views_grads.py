@@ -1,0 +1,121 @@
+"""Regressions found by the OpInfo sweep (issue 9 §1): dtype-changing views of inputs and of
+outputs keep their dtype and aliasing; gradients eager gives as zeros are zeros, not None."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ember
+
+
+def _compile(fn):
+    return ember.compile(fn, backend="aot_eager")
+
+
+@pytest.fixture(autouse=True)
+def _strict():
+    ember.reset()
+    with ember.config.patch(suppress_errors=False):
+        yield
+    ember.reset()
+
+
+VIEWS = {
+    "view_int32": (lambda x: x.view(torch.int32), torch.float32, True),
+    "view_bfloat16": (lambda x: x.view(torch.bfloat16), torch.float32, True),
+    "view_as_complex": (lambda x: torch.view_as_complex(x), torch.float32, True),
+    "view_as_real": (lambda x: torch.view_as_real(x), torch.complex64, True),
+    "real": (lambda x: x.real, torch.complex64, True),
+    "imag": (lambda x: x.imag, torch.complex64, True),
+    "output_view_int32": (lambda x: (x * 2, (x * 2).view(torch.int32)), torch.float32, True),
+    "output_view_as_real": (lambda x: (lambda y: (y, torch.view_as_real(y)))(x * 2),
+                            torch.complex64, True),
+}
+
+
+@pytest.mark.parametrize("name", list(VIEWS))
+@pytest.mark.parametrize("rg", [False, True])
+def test_dtype_views(name, rg):
+    fn, dtype, differentiable = VIEWS[name]
+    base = torch.randn(4, 2, dtype=dtype)
+    xe = base.clone().requires_grad_(rg)
+    xc = base.clone().requires_grad_(rg)
+    e, c = fn(xe), _compile(fn)(xc)
+    es, cs = (e, c) if isinstance(e, tuple) else ((e,), (c,))
+    for a, b in zip(cs, es):
+        assert a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride()
+        assert a.requires_grad == b.requires_grad
+        torch.testing.assert_close(a.detach(), b.detach())
+    if not isinstance(e, tuple):  # an input view shares the input's memory, as in eager
+        assert c.untyped_storage().data_ptr() == xc.untyped_storage().data_ptr()
+    if rg and es[-1].requires_grad:
+        g = torch.randn_like(es[-1])
+        (ge,) = torch.autograd.grad(es[-1], xe, g)
+        (gc,) = torch.autograd.grad(cs[-1], xc, g)
+        torch.testing.assert_close(gc, ge)
+
+
+ZERO_GRADS = {
+    "angle": (lambda x: torch.angle(x), 1),
+    "sgn": (lambda x: torch.sgn(x), 1),
+    "copysign": (lambda x, y: torch.copysign(x, y), 2),
+    "nextafter": (lambda x, y: torch.nextafter(x, y), 2),
+    "sign_plus_other": (lambda x, y: (torch.sign(x), y * 3), 2),
+}
+
+
+@pytest.mark.parametrize("name", list(ZERO_GRADS))
+def test_zero_gradients_are_tensors(name):
+    fn, n = ZERO_GRADS[name]
+    torch.manual_seed(0)
+    base = [torch.randn(5) for _ in range(n)]
+    xe = [b.clone().requires_grad_(True) for b in base]
+    xc = [b.clone().requires_grad_(True) for b in base]
+    e, c = fn(*xe), _compile(fn)(*xc)
+    es, cs = (e, c) if isinstance(e, tuple) else ((e,), (c,))
+    ge = torch.autograd.grad([o.sum() for o in es if o.requires_grad], xe, allow_unused=True)
+    gc = torch.autograd.grad([o.sum() for o in cs if o.requires_grad], xc, allow_unused=True)
+    for a, b in zip(gc, ge):
+        assert (a is None) == (b is None)
+        if b is not None:
+            torch.testing.assert_close(a, b)
+
+
+def test_zero_gradient_of_unused_output_stays_none():
+    # x reaches only the first output; the loss uses only the second: eager gives x no gradient
+    def fn(x, y):
+        return torch.sign(x), y * 3
+
+    xe, ye = torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True)
+    xc, yc = xe.detach().clone().requires_grad_(), ye.detach().clone().requires_grad_()
+    _, b = _compile(fn)(xc, yc)
+    b.sum().backward()
+    _, be = fn(xe, ye)
+    be.sum().backward()
+    assert xc.grad is None and xe.grad is None
+    torch.testing.assert_close(yc.grad, ye.grad)
+
+
+def test_max_pool_and_repeat_gradients():
+    def fn(x):
+        return F.max_pool2d(x, 2).sum() + x.repeat(2, 1, 1, 1).sum()
+
+    x = torch.randn(1, 1, 4, 4)
+    xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
+    fn(xe).backward()
+    _compile(fn)(xc).backward()
+    torch.testing.assert_close(xc.grad, xe.grad)
+
+
+def test_det_of_empty_matrix_gradient():
+    def fn(x):
+        return torch.linalg.det(x)
+
+    xe = torch.randn(0, 0, requires_grad=True)
+    xc = torch.randn(0, 0, requires_grad=True)
+    fn(xe).backward()
+    _compile(fn)(xc).backward()
+    assert xc.grad is not None and xe.grad is not None
+    torch.testing.assert_close(xc.grad, xe.grad)
