@@ -17,8 +17,8 @@ from . import rules
 from .variables import (AutocastVar, BoundMethodVar, BuiltinVar, ClassVar, ConstVar,
                         ContainerMethodVar, DataclassVar, DictVar, ExitVar, FunctionVar,
                         GradModeVar, IteratorVar, ListVar, NestedFunctionVar,
-                        NNModuleVar, ObjectVar, PyModuleVar, SetVar, SuperVar, TensorMethodVar,
-                        TensorVar, TupleVar, Var)
+                        NNModuleVar, ObjectVar, PyModuleVar, PyRaise, SetVar, SuperVar,
+                        TensorMethodVar, TensorVar, TupleVar, Var)
 
 
 def _consts(args: list[Var], kwargs: dict[str, Var]) -> tuple[list[Any], dict[str, Any]] | None:
@@ -278,6 +278,10 @@ def construct(tr: Any, cls: type, args: list[Var], kwargs: dict[str, Var]) -> Va
         if c:
             return ConstVar(cls(*c[0], **c[1]))
     if issubclass(cls, BaseException):
+        c = _consts(args, kwargs)
+        if c is not None and (cls.__module__ == "builtins" or
+                              cls.__init__ is BaseException.__init__):
+            return ConstVar(cls(*c[0], **c[1]))  # raised and caught while tracing
         raise Unsupported(f"constructing exception {cls.__name__}")
     if issubclass(cls, tuple) and hasattr(cls, "_fields"):  # namedtuple
         fields = cls._fields
@@ -506,7 +510,7 @@ def getitem(tr: Any, obj: Var, idx: Var) -> Var:
         try:
             res = obj.items[i]
         except (IndexError, TypeError) as e:
-            raise Unsupported(f"index {i!r} on a sequence of {len(obj.items)}: {e}")
+            raise PyRaise(e, f"index {i!r} on a sequence of {len(obj.items)}: {e}")
         if isinstance(i, slice):
             if isinstance(obj, TupleVar):
                 return TupleVar(res, cls=obj.cls if obj.cls in (tuple, torch.Size) else tuple)
@@ -517,13 +521,15 @@ def getitem(tr: Any, obj: Var, idx: Var) -> Var:
         if k not in obj.items:
             factory = getattr(obj, "default_factory", None)
             if factory is None:
-                raise Unsupported(f"key {k!r} not in dict (KeyError)")
+                raise PyRaise(KeyError(k), f"key {k!r} not in dict (KeyError)")
             obj.items[k] = tr.call(factory, [], {})
             _mark_mutated(tr, obj)
         return obj.items[k]
     if isinstance(obj, ConstVar):
         try:
             return tr.const_result(obj.value[idx.as_const()])
+        except (KeyError, IndexError) as e:
+            raise PyRaise(e, f"subscript raised {type(e).__name__}: {e}")
         except Exception as e:
             raise Unsupported(f"subscript raised {type(e).__name__}: {e}")
     if isinstance(obj, NNModuleVar):
@@ -889,7 +895,7 @@ def _next(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
     if v is None:
         if len(args) > 1:
             return args[1]
-        raise Unsupported("next() on an exhausted iterator (StopIteration)")
+        raise PyRaise(StopIteration(), "next() on an exhausted iterator (StopIteration)")
     return v
 
 

@@ -9,7 +9,7 @@ import torch
 
 from ..exc import Unsupported
 from .builtins import _hashable, _mark_mutated, contains, is_same
-from .variables import ConstVar, DictVar, ListVar, SetVar, TensorVar, TupleVar, Var
+from .variables import ConstVar, DictVar, ListVar, PyRaise, SetVar, TensorVar, TupleVar, Var
 
 
 def set_add(s: SetVar, item: Var) -> None:
@@ -171,7 +171,7 @@ def _dict_method(tr: Any, obj: DictVar, name: str, args: list[Var], kwargs: dict
         elif len(args) > 1:
             return args[1]
         else:
-            raise Unsupported(f"dict.pop: key {k!r} missing (KeyError)")
+            raise PyRaise(KeyError(k), f"dict.pop: key {k!r} missing (KeyError)")
     elif name == "setdefault":
         k = _hashable(args[0])
         if k in items:
@@ -224,7 +224,9 @@ def _set_method(tr: Any, obj: SetVar, name: str, args: list[Var], kwargs: dict[s
         obj.items = [x for x in obj.items if not (x.is_const() and args[0].is_const() and
                                                    x.as_const() == args[0].as_const())]
         if name == "remove" and len(obj.items) == before:
-            raise Unsupported("set.remove: KeyError")
+            if not args[0].is_const():
+                raise Unsupported("set.remove of a non-constant")
+            raise PyRaise(KeyError(args[0].as_const()), "set.remove: KeyError")
     elif name == "__contains__":
         return ConstVar(contains(tr, obj, args[0]))
     elif name in ("union", "intersection", "difference", "issubset", "issuperset",

@@ -30,7 +30,7 @@ from .output import OutputGraph
 from .variables import (AutocastVar, BoundMethodVar, BuiltinVar, CellVar, ClassVar, ConstVar,
                         ContainerMethodVar, DataclassVar, DictVar, ExitVar, FunctionVar,
                         GradModeVar, IteratorVar, ListVar, NestedFunctionVar,
-                        NNModuleVar, NullVar, ObjectVar, PyModuleVar, SetVar, SuperVar,
+                        NNModuleVar, NullVar, ObjectVar, PyModuleVar, PyRaise, SetVar, SuperVar,
                         TensorMethodVar, TensorVar, TupleVar, Var, PartialVar)
 
 log = logging.getLogger("ember.capture")
@@ -106,6 +106,8 @@ class Tracer:
         #: fullgraph diagnostics: when a list, breaks in the root frame are recorded and tracing
         #: goes on past them (a call's result becomes unknown) to list every break it can.
         self.collect_breaks: list[Unsupported] | None = None
+        #: the exception an ``except`` clause being traced handles (``sys.exc_info()``)
+        self.handled_exc: BaseException | None = None
 
     # =========================================================================================
     # Wrapping real values
@@ -138,9 +140,8 @@ class Tracer:
         if value is None or t is bool:
             return const(f"({source}) is {value!r}")
         if t in (int, float, str, bytes):
-            if t is float and value != value:
-                raise Unsupported("a NaN float argument cannot be guarded")
-            return const(f"type({source}) is {t.__name__} and ({source}) == {value!r}")
+            from .guards import const_guard
+            return const(const_guard(source, value, out.ns))
         if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
             return const(f"({source}) is {out.ns(value, str(value))}")
         if isinstance(value, torch.device):
@@ -497,6 +498,7 @@ class Tracer:
         except AttributeError:
             static = None
         if isinstance(static, types.FunctionType):
+            self.guard_class_attr(obj, value, name, static)
             return BoundMethodVar(FunctionVar(static), obj)
         if isinstance(static, staticmethod):
             return self.wrap(static.__func__, None)
@@ -521,6 +523,24 @@ class Tracer:
         if isinstance(real, (types.BuiltinMethodType, types.MethodWrapperType)):
             return BuiltinVar(real)
         return self.wrap(real, f"{src}.{name}" if src else None)
+
+    def guard_class_attr(self, obj: Var, value: Any, name: str, attr: Any) -> None:
+        """``name`` on ``value`` resolved through its class to ``attr``: guard that the instance
+        does not shadow it and the class still provides it (a method replaced after compiling,
+        on the instance or on the class, must recompile)."""
+        from .guards import class_attr_guard, not_in_dict_guard
+        src = obj.source
+        if src is None:
+            return
+        out = self.out
+        d = getattr(value, "__dict__", None)
+        if isinstance(d, dict):
+            # Modules are identity-guarded: their instance dict is a fixed object.
+            ref = out.ns(d, "dict") if isinstance(obj, NNModuleVar) else f"({src}).__dict__"
+            out.guards.add(not_in_dict_guard(ref, name))
+        cls = type(value)
+        out.guards.add(class_attr_guard(out.ns(cls, cls.__name__), name,
+                                        out.ns(attr, getattr(attr, "__name__", "attr"))))
 
     def super_getattr(self, sup: SuperVar, name: str) -> Var:
         obj_type = sup.obj.python_type() if not isinstance(sup.obj, ClassVar) else sup.obj.value
@@ -669,7 +689,8 @@ class Tracer:
             cells = self.closure_cells(code, f.__closure__, fn.source)
             return self.inline(code, f.__globals__, self.fn_globals_source(f), args, kwargs,
                                f.__defaults__, f.__kwdefaults__, cells, name=f.__qualname__,
-                               defaults_source=f"{fn.source}.__defaults__" if fn.source else None)
+                               defaults_source=f"{fn.source or self.out.ns(f, f.__name__)}"
+                                               ".__defaults__")
         assert isinstance(fn, NestedFunctionVar)
         defaults = tuple(fn.defaults.items) if fn.defaults else None
         kwdefaults = dict(fn.kwdefaults.items) if fn.kwdefaults else None
@@ -746,6 +767,9 @@ class Tracer:
                 if j < 0:
                     raise Unsupported(f"{name}() missing required argument {n!r}")
                 d = defaults[j]  # type: ignore[index]
+                if not vars_defaults and defaults_source:
+                    # __defaults__ may be reassigned: the tuple (immutable) is the same one
+                    self.out.guards.add(f"{defaults_source} is {self.out.ns(defaults, 'defaults')}")
                 locals_[n] = d if vars_defaults else self.wrap(
                     d, f"{defaults_source}[{j}]" if defaults_source else None, guard=False)
         for n in kw_names:
@@ -753,6 +777,11 @@ class Tracer:
                 if not kwdefaults or n not in kwdefaults:
                     raise Unsupported(f"{name}() missing keyword-only argument {n!r}")
                 d = kwdefaults[n]
+                if not vars_defaults and defaults_source:
+                    # __kwdefaults__ is a mutable dict: guard the value used
+                    kw_src = defaults_source[:-len("__defaults__")] + "__kwdefaults__"
+                    locals_[n] = self.wrap(d, f"{kw_src}[{n!r}]")
+                    continue
                 locals_[n] = d if vars_defaults else self.wrap(d, None, guard=False)
         i = npos + nkw
         if has_var:
@@ -786,12 +815,18 @@ class Tracer:
             if not (isinstance(res, ConstVar) and res.value is None):
                 args = list(res.items) if isinstance(res, TupleVar) else [res]
         fwd = m.__dict__.get("forward")
+        if src is not None:
+            # Hooks registered for every module after compiling must recompile.
+            self.out.guards.add(
+                f"not ({self.out.ns(_mm, 'module_mod')}._global_forward_hooks or "
+                f"{self.out.ns(_mm, 'module_mod')}._global_forward_pre_hooks)")
         if fwd is not None:
             out = self.call(self.wrap(fwd, f"({src}).forward" if src else None), args, kwargs)
         else:
             fwd_fn = type(m).forward
             if fwd_fn is torch.nn.Module.forward:
                 raise Unsupported(f"{type(m).__name__} has no forward()")
+            self.guard_class_attr(mv, m, "forward", fwd_fn)
             out = self.call(FunctionVar(fwd_fn), [mv, *args], kwargs)
         for hid, hook in m._forward_hooks.items():
             hv = self.wrap(hook, f"({src})._forward_hooks[{hid}]" if src else None)
@@ -973,6 +1008,8 @@ class Frame:
                 except _Yield:
                     raise
                 except Unsupported as e:
+                    if isinstance(e, PyRaise) and self._handle_raise(ins, e):
+                        continue
                     if e.where is None:
                         e.where = self.where()
                         e.args = (f"{e.reason}\n  at {self.user_stack()}" +
@@ -986,6 +1023,21 @@ class Frame:
                     raise
         finally:
             self.tracer.frames.pop()
+
+    def _handle_raise(self, ins: dis.Instruction, e: PyRaise) -> bool:
+        """Route a raised Python exception to this frame's handler (its exception table), as
+        CPython unwinds: the stack cut to the handler's depth, the raising offset pushed when
+        the handler wants it, then the exception. False when nothing here catches it."""
+        for entry in _exception_table(self.code):
+            if entry.start <= ins.offset < entry.end:
+                del self.stack[entry.depth:]
+                if entry.lasti:
+                    self.push(ConstVar(ins.offset))
+                self.push(ConstVar(e.exc))
+                self.ip = self.index_of[entry.target]
+                self.kw_names = ()
+                return True
+        return False
 
     def _continue_past(self, ins: dis.Instruction, e: Unsupported) -> bool:
         """fullgraph diagnostics: record ``e`` and keep tracing after a call (its result
@@ -1136,6 +1188,8 @@ class Frame:
         b = g.get("__builtins__", __builtins__)
         bd = b if isinstance(b, dict) else b.__dict__
         if name in bd:
+            # A global of that name defined later would shadow the builtin.
+            self.tracer.out.guards.add(f"{name!r} not in {self.globals_source}")
             return self.tracer.wrap(bd[name], None)
         raise Unsupported(f"name {name!r} is not defined")
 
@@ -1584,8 +1638,47 @@ class Frame:
 
     # -- exceptions (only reached when the program raises) ------------------------------------------
     def RAISE_VARARGS(self, ins):
-        raise Unsupported("the program raises an exception here (raise statement reached "
-                          "while tracing)")
+        if ins.arg == 0:
+            exc = self.tracer.handled_exc
+            if exc is None:
+                raise Unsupported("bare raise with no exception being handled")
+            raise PyRaise(exc)
+        cause = self.pop() if ins.arg == 2 else None
+        exc = _exception_value(self.pop())
+        if exc is None:
+            raise Unsupported("the program raises an exception here (raise statement reached "
+                              "while tracing)")
+        if cause is not None:
+            c = _exception_value(cause)
+            if c is None and not (cause.is_const() and cause.as_const() is None):
+                raise Unsupported("raise ... from a value that is not an exception")
+            exc.__cause__ = c
+        raise PyRaise(exc)
+
+    def PUSH_EXC_INFO(self, ins):
+        exc = self.pop()
+        prev = self.tracer.handled_exc
+        self.push(ConstVar(prev))
+        self.tracer.handled_exc = exc.as_const()
+        self.push(exc)
+
+    def POP_EXCEPT(self, ins):
+        self.tracer.handled_exc = self.pop().as_const()
+
+    def CHECK_EXC_MATCH(self, ins):
+        right = self.pop()
+        left = self.stack[-1]
+        try:
+            self.push(ConstVar(isinstance(left.as_const(), right.as_const())))
+        except TypeError as e:
+            raise Unsupported(f"except clause with {right.describe()}: {e}")
+
+    def RERAISE(self, ins):
+        exc = self.pop()
+        value = exc.as_const() if exc.is_const() else None
+        if not isinstance(value, BaseException):
+            raise Unsupported(f"re-raise of {exc.describe()}")
+        raise PyRaise(value)
 
     def LOAD_ASSERTION_ERROR(self, ins):
         raise Unsupported("an assert fails while tracing")
@@ -1610,6 +1703,29 @@ def _key(v: Var) -> Any:
 
 
 _INSTR_CACHE: dict[types.CodeType, list[dis.Instruction]] = {}
+_EXC_TABLES: dict[types.CodeType, list] = {}
+
+
+def _exception_table(code: types.CodeType) -> list:
+    table = _EXC_TABLES.get(code)
+    if table is None:
+        table = _EXC_TABLES[code] = (dis._parse_exception_table(code)  # type: ignore[attr-defined]
+                                     if code.co_exceptiontable else [])
+    return table
+
+
+def _exception_value(v: Var) -> BaseException | None:
+    """The exception a ``raise`` operand stands for: an instance, or a class called with no
+    arguments; None when it is neither (or not known while tracing)."""
+    if not v.is_const():
+        return None
+    value = v.as_const()
+    if isinstance(value, type) and issubclass(value, BaseException):
+        try:
+            return value()
+        except Exception:
+            return None
+    return value if isinstance(value, BaseException) else None
 
 
 def _instructions(code: types.CodeType) -> list[dis.Instruction]:

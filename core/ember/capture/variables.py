@@ -21,8 +21,19 @@ __all__ = [
     "IteratorVar", "NNModuleVar", "FunctionVar", "NestedFunctionVar", "BoundMethodVar",
     "BuiltinVar", "ObjectVar", "PyModuleVar", "ClassVar", "CellVar", "SuperVar", "GradModeVar",
     "DataclassVar", "TensorMethodVar", "ContainerMethodVar", "AutocastVar",
-    "ExitVar",
+    "ExitVar", "PyRaise",
 ]
+
+
+class PyRaise(Unsupported):
+    """The traced program raises the Python exception ``exc`` (a dict lookup of a missing key,
+    ``next()`` on an exhausted iterator, a ``raise`` statement). The frames' exception tables
+    route it to the program's own ``except`` clause; one nothing catches is a graph break at the
+    root frame's instruction, as any other unsupported operation."""
+
+    def __init__(self, exc: BaseException, msg: str | None = None):
+        super().__init__(msg or f"the program raises {type(exc).__name__}: {exc}")
+        self.exc = exc
 
 
 class Var:
