@@ -93,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.set_defaults(func=_cmd_backends)
     p = sub.add_parser("demo", help="compile the bundled model; print correctness and speed")
     p.add_argument("--backend", action="append", help="backend to run (repeatable); default: "
-                   "eager and aot_eager, those installed")
+                   "inductor (eager and aot_eager where inductor is not available)")
     p.add_argument("--iters", type=int, default=50, help="timed calls per variant (default 50)")
     p.set_defaults(func=_cmd_demo)
     p = sub.add_parser("cache", help="show or empty the on-disk compile cache (EMBER_CACHE_DIR)")

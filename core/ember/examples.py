@@ -18,10 +18,13 @@ from torch import nn
 
 from .hookspecs import hookimpl
 
-__all__ = ["DemoModel", "make_model", "example_input", "run_demo", "DEFAULT_BACKENDS"]
+__all__ = ["DemoModel", "make_model", "example_input", "run_demo", "DEFAULT_BACKENDS",
+           "FALLBACK_BACKENDS"]
 
-#: Backends the demo runs when none are named, those installed.
-DEFAULT_BACKENDS = ("eager", "aot_eager")
+#: Backends the demo runs when none are named: the default backend of ``ember.compile``.
+DEFAULT_BACKENDS = ("inductor",)
+#: Run instead when no default backend is installed or implemented in this build.
+FALLBACK_BACKENDS = ("eager", "aot_eager")
 
 
 class Block(nn.Module):
@@ -96,12 +99,17 @@ def run_demo(backends: Sequence[str] | None = None, iters: int = 50, warmup: int
     from .plugins import plugin_manager
 
     installed = ember.list_backends(exclude_tags=())
+    fallback: list[str] = []
     if backends is None:
         backends = [b for b in DEFAULT_BACKENDS if b in installed]
+        fallback = [b for b in FALLBACK_BACKENDS if b in installed]
         if not backends:
-            print(f"none of {DEFAULT_BACKENDS} is installed (installed: {installed}); "
-                  "pip install ./plugins/eager")
+            backends, fallback = fallback, []
+        if not backends:
+            print(f"none of {DEFAULT_BACKENDS + FALLBACK_BACKENDS} is installed (installed: "
+                  f"{installed}); pip install ./plugins/inductor")
             return 1
+    backends = list(backends)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     model, x = make_model(), example_input()
     with torch.no_grad():
@@ -116,7 +124,8 @@ def run_demo(backends: Sequence[str] | None = None, iters: int = 50, warmup: int
     status = 0
     notes: list[str] = []
     try:
-        for name in backends:
+        while backends:
+            name = backends.pop(0)
             ember.reset()
             observer.events.clear()
             compiled = ember.compile(model, backend=name)
@@ -136,6 +145,16 @@ def run_demo(backends: Sequence[str] | None = None, iters: int = 50, warmup: int
                         t0 = time.perf_counter()
                         compiled(x)
                         tc.append(time.perf_counter() - t0)
+            except ember.NotImplementedYet as e:
+                if fallback:  # the default backend is declared but not built yet: say so
+                    print(f"{name:<12} not implemented yet in this build; running "
+                          f"{', '.join(fallback)} instead")
+                    notes.append(f"{name}: {str(e).splitlines()[0]}")
+                    backends, fallback = fallback, []
+                    continue
+                print(f"{name:<12} error: {type(e).__name__}: {e}")
+                status = 1
+                continue
             except ember.EmberError as e:
                 print(f"{name:<12} error: {type(e).__name__}: {e}")
                 status = 1
