@@ -84,13 +84,12 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
     ref_model = copy.deepcopy(model)
     fn = FUNCS[case["mode"]]
     res: dict[str, Any] = {"build_s": time.perf_counter() - t0}
-    cache = None
-    if case.get("no_cache"):
-        cache = None
     t1 = time.perf_counter()
-    loaded = ember.precompile.load(case["dir"]) if not case.get("no_cache") else \
-        ember.precompile.load(source=open(os.path.join(case["dir"], "artifact.py")).read(),
-                              cache=cache)
+    if case.get("no_cache"):  # the source alone: the backend builds everything from it
+        with open(os.path.join(case["dir"], "artifact.py")) as f:
+            loaded = ember.precompile.load(source=f.read())
+    else:
+        loaded = ember.precompile.load(case["dir"])
     if case["mode"] == "infer":
         with torch.no_grad():
             out = loaded(model, *inputs)
@@ -113,6 +112,8 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
         res["grad_max_abs"] = max([b.abs().max().item() for _, _, b in grads
                                    if b is not None] + [0.0])
     res["used_cache"] = loaded.used_cache
+    res["imported_capture"] = any(m in sys.modules for m in (
+        "ember.capture.interpreter", "ember.capture.convert", "ember.aot.trace"))
     return res
 
 

@@ -1,0 +1,132 @@
+"""ember.precompile: precompile in this process, load in a fresh one, compare with eager."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import ember
+import pc_cases
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _precompile_zoo(tmp_path, model: str, mode: str, backend: str = "aot_eager") -> str:
+    m, inputs = pc_cases.build(model)
+    with torch.set_grad_enabled(mode == "train"):
+        art = ember.precompile(pc_cases.FUNCS[mode], m, *inputs, backend=backend)
+    d = str(tmp_path / f"{model}_{mode}_{backend}")
+    art.save(d)
+    return d
+
+
+def _run_child(tmp_path, cases: list[dict]) -> list[dict]:
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"cases": cases}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EMBER_")}
+    env["PYTHONPATH"] = os.pathsep.join([HERE, pc_cases.ROOT] + (
+        [env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    p = subprocess.run([sys.executable, os.path.join(HERE, "pc_cases.py"), str(spec)],
+                       capture_output=True, text=True, env=env, cwd=pc_cases.ROOT, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    line = next(ln for ln in p.stdout.splitlines() if ln.startswith("RESULTS "))
+    return json.loads(line[len("RESULTS "):])
+
+
+def _assert_close(res: dict, case: dict) -> None:
+    assert res["max_diff"] <= 1e-5, (case, res)
+    if case["mode"] == "train":
+        assert res["grad_missing"] == [], (case, res)
+        assert res["grad_max_abs"] > 0, (case, res)  # gradients were produced at all
+        assert res["grad_max_diff"] <= 1e-5 * max(1.0, res["grad_max_abs"]), (case, res)
+    assert not res["imported_capture"], "loading must not import capture or AOT tracing"
+
+
+def test_zoo_models_fresh_process(tmp_path):
+    """Inference and a training step, aot_eager and eager, new weights in the child: results
+    and gradients equal eager's; the cache-less load rebuilds from the source."""
+    cases = []
+    for model, mode, backend in [("tiny_mlp", "infer", "aot_eager"),
+                                 ("tiny_mlp", "train", "aot_eager"),
+                                 ("tiny_mlp", "train", "eager"),
+                                 ("convnet", "train", "aot_eager"),  # BatchNorm: buffer updates
+                                 ("transformer_block", "infer", "aot_eager")]:
+        d = _precompile_zoo(tmp_path, model, mode, backend)
+        cases.append({"dir": d, "model": model, "mode": mode, "seed": 7})
+    cases.append(dict(cases[1], no_cache=True))
+    results = _run_child(tmp_path, cases)
+    for case, res in zip(cases, results):
+        _assert_close(res, case)
+    assert results[-1]["used_cache"] is False
+
+
+@pytest.mark.slow
+def test_hf_gpt2_fresh_process(tmp_path):
+    cases = [{"dir": _precompile_zoo(tmp_path, "gpt2", mode), "model": "gpt2", "mode": mode,
+              "seed": 3} for mode in ("infer", "train")]
+    for case, res in zip(cases, _run_child(tmp_path, cases)):
+        _assert_close(res, case)
+
+
+def test_buffers_updated_like_eager():
+    """Training-mode BatchNorm: the running statistics of the model passed are updated."""
+    m, (x,) = pc_cases.build("convnet")
+    m, x = m, x[:2]
+    art = ember.precompile(pc_cases.train_loss, m, x)
+    fn = art.load()
+    import copy
+    a, b = copy.deepcopy(m), copy.deepcopy(m)
+    fn(a, x).backward()
+    pc_cases.train_loss(b, x).backward()
+    for (n, ba), bb, b0 in zip(a.named_buffers(), b.buffers(), m.buffers()):
+        assert not torch.equal(ba, b0), n  # updated at all
+        torch.testing.assert_close(ba, bb, rtol=1e-5, atol=1e-6, msg=n)
+
+
+def test_module_as_fn_and_containers():
+    """fn may be a module (called as loaded(model, *inputs)); arguments may be lists/dicts of
+    tensors and plain values; outputs may alias inputs."""
+    lin = torch.nn.Linear(4, 3)
+    x = torch.randn(2, 4)
+    art = ember.precompile(lin, x)
+    assert torch.allclose(art.load()(lin, x), lin(x))
+
+    def f(model, batch, scale):
+        y = model(batch["x"]) * scale + batch["extra"][0].sum()
+        return {"y": y, "x": batch["x"]}, [y.shape[0]]
+
+    batch = {"x": x, "extra": [torch.ones(3)]}
+    fn = ember.precompile(f, lin, batch, 2.0).load()
+    out, n = fn(lin, batch, 2.0)
+    ref, n_ref = f(lin, batch, 2.0)
+    assert torch.allclose(out["y"], ref["y"]) and out["x"] is x and n == n_ref
+
+
+def test_source_imports_only_torch_and_runtime():
+    m, (x,) = pc_cases.build("tiny_mlp")
+    src = ember.precompile(pc_cases.train_loss, m, x).source
+    import ast
+
+    imports = set()
+    for node in ast.walk(ast.parse(src)):
+        if isinstance(node, ast.Import):
+            imports |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            imports |= {f"{node.module}.{a.name}" for a in node.names}
+    assert imports == {"torch", "ember.precompile.runtime"}, imports
+    assert "torch.ops.aten" in src and "class CompiledGraph(torch.autograd.Function)" in src
+
+
+def test_cli_recipe(tmp_path):
+    out = tmp_path / "demo"
+    p = subprocess.run([sys.executable, "-m", "ember.precompile",
+                        "ember.precompile.recipes:demo_training", "-o", str(out), "--check"],
+                       capture_output=True, text=True, cwd=pc_cases.ROOT, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "matches eager" in p.stdout
+    assert (out / "artifact.py").exists() and (out / "artifact.cache").exists()
