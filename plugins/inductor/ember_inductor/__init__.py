@@ -1,8 +1,7 @@
-"""Ember's inductor backend (lowering, fusion, Triton and C++ codegen).
+"""Ember's inductor backend: ATen graphs lowered to a loop-level IR, fused, and compiled to C++
+(OpenMP) for the CPU, with matmul/convolution/attention and ops without a lowering left to ATen.
 
-Not implemented yet: the backend is declared so that it is listed and named in errors, and using
-it raises :class:`ember.NotImplementedYet`. This module must stay light (no triton import) so that
-listing backends stays cheap.
+This module stays light: the compiler is imported when a graph is compiled.
 """
 
 from __future__ import annotations
@@ -11,15 +10,24 @@ from typing import Any
 
 import ember
 
+__all__ = ["compile_inductor"]
+
 
 def compile_inductor(gm: Any, example_inputs: list[Any], **options: Any) -> Any:
-    raise ember.NotImplementedYet(
-        "the 'inductor' backend is not implemented yet in this version of ember-inductor. "
-        "Use backend='eager' or backend='aot_eager' for now.")
+    """Compile an ATen graph from Ember's AOT autograd; see :mod:`ember_inductor.compile_fx`."""
+    from .compile_fx import compile_inductor as compile_fx
+
+    return compile_fx(gm, example_inputs, **options)
+
+
+def _decompositions() -> Any:
+    from .decompositions import decompositions
+
+    return decompositions()
 
 
 @ember.hookimpl
 def ember_backends() -> list[ember.Backend]:
     return [ember.Backend(name="inductor", compile=compile_inductor, level="aten",
-                          tags=("experimental",),
-                          description="lowering + fusion + Triton/C++ codegen (not implemented yet)")]
+                          decompositions=_decompositions, devices=("cpu",),
+                          description="lowering + fusion + C++/OpenMP codegen (CPU)")]

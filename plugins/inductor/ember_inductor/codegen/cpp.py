@@ -1,0 +1,481 @@
+"""C++ code generation: one source per graph, one ``extern "C"`` function per region (a run of
+fused loop nests between ATen calls), OpenMP over the outer loops, inner loops left simple and
+contiguous so gcc vectorizes them. bfloat16/float16 are computed in float and rounded when stored
+(or when the program casts). No fast-math: NaN and infinity behave as in eager."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import torch
+
+from ..ir import Reduction
+from ..scheduler import CppRegion, FusedGroup, LoopBlock, Member, Scheduler
+from ..sizes import product, sym, to_c
+from ..virtualized import set_ops_handler
+
+__all__ = ["generate_cpp", "PRELUDE", "STORAGE_TYPE", "compute_type"]
+
+STORAGE_TYPE = {
+    torch.float32: "float", torch.float64: "double", torch.bfloat16: "uint16_t",
+    torch.float16: "_Float16", torch.int64: "int64_t", torch.int32: "int32_t",
+    torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool",
+}
+
+PARALLEL_MIN_WORK = 32768
+
+PRELUDE = r"""
+#include <cmath>
+#include <cstdint>
+static inline float e_bf16_to_float(uint16_t v) { uint32_t b = (uint32_t)v << 16; float f; __builtin_memcpy(&f, &b, 4); return f; }
+static inline uint16_t e_float_to_bf16(float f) {
+  if (f != f) return 0x7fc0;
+  uint32_t b; __builtin_memcpy(&b, &f, 4);
+  b += 0x7fffu + ((b >> 16) & 1u);
+  return (uint16_t)(b >> 16);
+}
+static inline float e_round_bf16(float f) { return e_bf16_to_float(e_float_to_bf16(f)); }
+static inline float e_round_f16(float f) { return (float)(_Float16)f; }
+template <class T> static inline T e_max(T a, T b) { return (a != a || a > b) ? a : b; }
+template <class T> static inline T e_min(T a, T b) { return (a != a || a < b) ? a : b; }
+template <class T> static inline bool e_gt(T v, T a) { return v > a || (v != v && a == a); }
+template <class T> static inline bool e_lt(T v, T a) { return v < a || (v != v && a == a); }
+template <class T> static inline T e_floordiv_f(T a, T b) {
+  if (b == 0) return a / b;
+  T mod = std::fmod(a, b);
+  T div = (a - mod) / b;
+  if (mod != 0 && ((b < 0) != (mod < 0))) div -= T(1);
+  T fl;
+  if (div != 0) { fl = std::floor(div); if (div - fl > T(0.5)) fl += T(1); }
+  else fl = std::copysign(T(0), a / b);
+  return fl;
+}
+template <class T> static inline T e_floordiv_i(T a, T b) {
+  if (b == 0) return 0;
+  T q = a / b;
+  if ((a % b != 0) && ((a < 0) != (b < 0))) q -= 1;
+  return q;
+}
+template <class T> static inline T e_remainder_f(T a, T b) {
+  T m = std::fmod(a, b);
+  if (m != 0 && ((b < 0) != (m < 0))) m += b;
+  return m;
+}
+template <class T> static inline T e_remainder_i(T a, T b) {
+  if (b == 0) return 0;
+  T m = a % b;
+  if (m != 0 && ((b < 0) != (m < 0))) m += b;
+  return m;
+}
+template <class T> static inline T e_pow_i(T a, T b) {
+  if (b < 0) return a == 1 ? 1 : (a == -1 ? ((b & 1) ? -1 : 1) : 0);
+  T r = 1;
+  while (b) { if (b & 1) r *= a; a *= a; b >>= 1; }
+  return r;
+}
+template <class T> static inline T e_sign(T a) { return (T)((T(0) < a) - (a < T(0))); }
+"""
+
+
+def compute_type(dtype: torch.dtype) -> str:
+    if dtype in (torch.bfloat16, torch.float16):
+        return "float"
+    return STORAGE_TYPE[dtype]
+
+
+def literal(value: Any, dtype: torch.dtype) -> str:
+    ct = compute_type(dtype)
+    if dtype == torch.bool:
+        return "true" if value else "false"
+    if dtype.is_floating_point:
+        v = float(value)
+        suffix = "f" if ct == "float" else ""
+        if math.isnan(v):
+            return f"__builtin_nan{suffix}(\"\")"
+        if math.isinf(v):
+            return f"{'-' if v < 0 else ''}__builtin_inf{suffix}()"
+        return f"{v!r}{suffix}"
+    v = int(value)
+    if v == -(2 ** 63):
+        return f"({ct})(-9223372036854775807LL - 1)"
+    return f"({ct}){v}LL" if ct != "int64_t" else f"{v}LL"
+
+
+class CppVar:
+    __slots__ = ("name", "dtype")
+
+    def __init__(self, name: str, dtype: torch.dtype):
+        self.name = name
+        self.dtype = dtype
+
+    def __str__(self) -> str:
+        return self.name
+
+
+_FLOAT_UNARY = {
+    "abs": "std::abs({0})", "neg": "-{0}", "exp": "std::exp({0})", "exp2": "std::exp2({0})",
+    "expm1": "std::expm1({0})", "log": "std::log({0})", "log2": "std::log2({0})",
+    "log10": "std::log10({0})", "log1p": "std::log1p({0})", "sin": "std::sin({0})",
+    "cos": "std::cos({0})", "tan": "std::tan({0})", "asin": "std::asin({0})",
+    "acos": "std::acos({0})", "atan": "std::atan({0})", "sinh": "std::sinh({0})",
+    "cosh": "std::cosh({0})", "tanh": "std::tanh({0})", "asinh": "std::asinh({0})",
+    "acosh": "std::acosh({0})", "atanh": "std::atanh({0})", "sqrt": "std::sqrt({0})",
+    "rsqrt": "({T})1 / std::sqrt({0})", "reciprocal": "({T})1 / {0}",
+    "sigmoid": "({T})1 / (({T})1 + std::exp(-{0}))", "erf": "std::erf({0})",
+    "erfc": "std::erfc({0})", "lgamma": "std::lgamma({0})", "floor": "std::floor({0})",
+    "ceil": "std::ceil({0})", "trunc": "std::trunc({0})", "round": "std::nearbyint({0})",
+    "frac": "{0} - std::trunc({0})", "sign": "e_sign({0})", "relu": "e_max({0}, ({T})0)",
+    "silu": "{0} / (({T})1 + std::exp(-{0}))", "bitwise_not": "!{0}",
+}
+_INT_UNARY = {
+    "abs": "({0} < 0 ? -{0} : {0})", "neg": "-{0}", "sign": "e_sign({0})",
+    "relu": "({0} > 0 ? {0} : ({T})0)", "bitwise_not": "~{0}", "floor": "{0}", "ceil": "{0}",
+    "trunc": "{0}", "round": "{0}",
+}
+_PRED = {"isnan": "{0} != {0}", "isinf": "std::isinf({0})", "isfinite": "std::isfinite({0})",
+         "signbit": "std::signbit({0})", "logical_not": "!{0}"}
+_INT_PRED = {"isnan": "false", "isinf": "false", "isfinite": "true", "signbit": "{0} < 0",
+             "logical_not": "!{0}"}
+_FLOAT_BINARY = {
+    "add": "{0} + {1}", "sub": "{0} - {1}", "mul": "{0} * {1}", "truediv": "{0} / {1}",
+    "floordiv": "e_floordiv_f({0}, {1})", "truncdiv": "std::trunc({0} / {1})",
+    "remainder": "e_remainder_f({0}, {1})", "fmod": "std::fmod({0}, {1})",
+    "pow": "std::pow({0}, {1})", "maximum": "e_max({0}, {1})", "minimum": "e_min({0}, {1})",
+    "fmax": "std::fmax({0}, {1})", "fmin": "std::fmin({0}, {1})", "atan2": "std::atan2({0}, {1})",
+    "copysign": "std::copysign({0}, {1})", "hypot": "std::hypot({0}, {1})",
+}
+_INT_BINARY = {
+    "add": "{0} + {1}", "sub": "{0} - {1}", "mul": "{0} * {1}",
+    "floordiv": "e_floordiv_i({0}, {1})", "truncdiv": "({1} == 0 ? ({T})0 : {0} / {1})",
+    "remainder": "e_remainder_i({0}, {1})", "fmod": "({1} == 0 ? ({T})0 : {0} % {1})",
+    "pow": "e_pow_i({0}, {1})", "maximum": "({0} > {1} ? {0} : {1})",
+    "minimum": "({0} < {1} ? {0} : {1})", "fmax": "({0} > {1} ? {0} : {1})",
+    "fmin": "({0} < {1} ? {0} : {1})", "bitwise_and": "{0} & {1}", "bitwise_or": "{0} | {1}",
+    "bitwise_xor": "{0} ^ {1}", "lshift": "{0} << {1}", "rshift": "{0} >> {1}",
+}
+_BOOL_BINARY = {"add": "{0} || {1}", "mul": "{0} && {1}", "maximum": "{0} || {1}",
+                "minimum": "{0} && {1}", "bitwise_and": "{0} && {1}", "bitwise_or": "{0} || {1}",
+                "bitwise_xor": "{0} != {1}", "sub": "{0} != {1}"}
+_COMPARE = {"eq": "{0} == {1}", "ne": "{0} != {1}", "lt": "{0} < {1}", "le": "{0} <= {1}",
+            "gt": "{0} > {1}", "ge": "{0} >= {1}", "logical_and": "({0} != 0) && ({1} != 0)",
+            "logical_or": "({0} != 0) || ({1} != 0)", "logical_xor": "({0} != 0) != ({1} != 0)"}
+
+
+class CppOps:
+    """The ``ops`` handler that writes C++ statements into a :class:`CppKernel`."""
+
+    def __init__(self, kernel: "CppKernel"):
+        self.k = kernel
+
+    def _emit(self, expr: str, dtype: torch.dtype) -> CppVar:
+        return self.k.cse(expr, dtype)
+
+    # -- memory --------------------------------------------------------------------------------
+    def load(self, name: str, index: Any) -> CppVar:
+        local = self.k.local_values.get(name)
+        if local is not None:
+            return local
+        dtype = self.k.dtypes[name]
+        expr = f"{name}[{to_c(index)}]"
+        if dtype == torch.bfloat16:
+            expr = f"e_bf16_to_float({expr})"
+        elif dtype == torch.float16:
+            expr = f"(float){expr}"
+        return self._emit(expr, dtype)
+
+    def constant(self, value: Any, dtype: torch.dtype) -> CppVar:
+        return CppVar(literal(value, dtype), dtype)
+
+    def index_expr(self, expr: Any, dtype: torch.dtype) -> CppVar:
+        return self._emit(f"({compute_type(dtype)})({to_c(expr)})", dtype)
+
+    def indirect_indexing(self, value: CppVar, size: Any) -> Any:
+        v = self._emit(f"(int64_t){value}", torch.int64)
+        w = self._emit(f"{v} < 0 ? {v} + {to_c(size)} : {v}", torch.int64)
+        return sym(w.name)
+
+    def to_dtype(self, x: CppVar, dtype: torch.dtype) -> CppVar:
+        if x.dtype == dtype:
+            return x
+        ct = compute_type(dtype)
+        if dtype == torch.bool:
+            return self._emit(f"{x} != 0", dtype)
+        if dtype == torch.bfloat16:
+            src = x if compute_type(x.dtype) == "float" else f"(float){x}"
+            return self._emit(f"e_round_bf16({src})", dtype)
+        if dtype == torch.float16:
+            src = x if compute_type(x.dtype) == "float" else f"(float){x}"
+            return self._emit(f"e_round_f16({src})", dtype)
+        if compute_type(x.dtype) == ct:
+            return CppVar(x.name, dtype)
+        return self._emit(f"({ct}){x}", dtype)
+
+    def where(self, c: CppVar, a: CppVar, b: CppVar) -> CppVar:
+        return self._emit(f"{c} ? {a} : {b}", a.dtype)
+
+    def masked(self, mask: CppVar, body: Any, other: Any, dtype: torch.dtype) -> CppVar:
+        name = self.k.new_tmp()
+        self.k.line(f"{compute_type(dtype)} {name} = {literal(other, dtype)};")
+        self.k.line(f"if ({mask}) {{")
+        self.k.push()
+        v = body()
+        if v.dtype != dtype:
+            v = self.to_dtype(v, dtype)
+        self.k.line(f"{name} = {v};")
+        self.k.pop()
+        self.k.line("}")
+        return CppVar(name, dtype)
+
+    # -- math ----------------------------------------------------------------------------------
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+
+        def op(*args: CppVar) -> CppVar:
+            dt = args[0].dtype
+            T = compute_type(dt)
+            fmt = [str(a) for a in args]
+            if name in _COMPARE:
+                return self._emit(_COMPARE[name].format(*fmt), torch.bool)
+            if len(args) == 1:
+                if name in _PRED:
+                    table = _PRED if dt.is_floating_point else _INT_PRED
+                    return self._emit(table[name].format(*fmt, T=T), torch.bool)
+                table = _FLOAT_UNARY if dt.is_floating_point else _INT_UNARY
+                if dt == torch.bool and name == "bitwise_not":
+                    return self._emit(f"!{fmt[0]}", dt)
+                if name not in table:
+                    raise NotImplementedError(f"C++ codegen: {name} on {dt}")
+                return self._emit(table[name].format(*fmt, T=T), dt)
+            if len(args) == 2:
+                if dt == torch.bool and name in _BOOL_BINARY:
+                    return self._emit(_BOOL_BINARY[name].format(*fmt), dt)
+                table = _FLOAT_BINARY if dt.is_floating_point else _INT_BINARY
+                if name not in table:
+                    raise NotImplementedError(f"C++ codegen: {name} on {dt}")
+                return self._emit(table[name].format(*fmt, T=T), dt)
+            raise NotImplementedError(f"C++ codegen: {name}")
+        return op
+
+
+_INIT = {"sum": 0, "prod": 1, "any": False, "all": True}
+
+
+def _reduction_init(rtype: str, dtype: torch.dtype) -> str:
+    if rtype in _INIT:
+        return literal(_INIT[rtype], dtype)
+    if dtype == torch.bool:
+        return "false" if rtype in ("max", "argmax") else "true"
+    if dtype.is_floating_point:
+        return literal(-math.inf if rtype in ("max", "argmax") else math.inf, dtype)
+    info = torch.iinfo(dtype)
+    return literal(info.min if rtype in ("max", "argmax") else info.max, dtype)
+
+
+class CppKernel:
+    """Writes one region: a C function running its fused groups in order."""
+
+    def __init__(self, region: CppRegion, sched: Scheduler, dtypes: dict[str, torch.dtype]):
+        self.region = region
+        self.sched = sched
+        self.dtypes = dtypes
+        self.lines: list[str] = []
+        self.indent = 1
+        self.scopes: list[dict[str, CppVar]] = [{}]
+        self.local_values: dict[str, CppVar] = {}
+        self._tmp = 0
+
+    # -- emission helpers ----------------------------------------------------------------------
+    def line(self, s: str) -> None:
+        self.lines.append("  " * self.indent + s)
+
+    def new_tmp(self) -> str:
+        self._tmp += 1
+        return f"tmp{self._tmp - 1}"
+
+    def push(self) -> None:
+        self.scopes.append({})
+        self.indent += 1
+
+    def pop(self) -> None:
+        self.scopes.pop()
+        self.indent -= 1
+
+    def cse(self, expr: str, dtype: torch.dtype) -> CppVar:
+        key = f"{expr}|{dtype}"
+        for sc in reversed(self.scopes):
+            v = sc.get(key)
+            if v is not None:
+                return v
+        name = self.new_tmp()
+        self.line(f"{compute_type(dtype)} {name} = {expr};")
+        v = CppVar(name, dtype)
+        self.scopes[-1][key] = v
+        return v
+
+    # -- stores --------------------------------------------------------------------------------
+    def store(self, m: Member, value: CppVar) -> None:
+        name = m.node.name
+        dtype = m.node.dtype
+        if value.dtype != dtype:
+            value = CppOps(self).to_dtype(value, dtype)
+        if name in self.sched.local:
+            return
+        idx = to_c(m.store_index)
+        if dtype == torch.bfloat16:
+            self.line(f"{name}[{idx}] = e_float_to_bf16({value});")
+        elif dtype == torch.float16:
+            self.line(f"{name}[{idx}] = (_Float16){value};")
+        else:
+            self.line(f"{name}[{idx}] = {value};")
+
+    # -- loops ---------------------------------------------------------------------------------
+    def generate(self) -> str:
+        r = self.region
+        params = []
+        for n in r.reads:
+            params.append(f"const {STORAGE_TYPE[self.dtypes[n]]}* __restrict__ {n}")
+        for n in r.writes:
+            params.append(f"{STORAGE_TYPE[self.dtypes[n]]}* __restrict__ {n}")
+        with set_ops_handler(CppOps(self)):
+            for g in r.groups:
+                self.group(g)
+        head = f'extern "C" void {r.name}({", ".join(params)})'
+        return head + " {\n" + "\n".join(self.lines) + "\n}\n"
+
+    def group(self, g: FusedGroup) -> None:
+        origins = []
+        for m in g.members:
+            origins.extend(getattr(m.node.data, "origins", []))
+        desc = ", ".join(m.node.name for m in g.members)
+        self.line(f"// {desc}: outer {list(g.outer)}" + (f"; from {', '.join(origins[:8])}"
+                                                           if origins else ""))
+        self.line("{")
+        self.indent += 1
+        pure = all(not b.inner for b in g.blocks)
+        work = product(g.outer) * max([product(b.inner) for b in g.blocks] + [1])
+        nouter = len(g.outer)
+        if work >= PARALLEL_MIN_WORK and product(g.outer) > 1 and nouter:
+            collapse = max(1, nouter - 1) if pure else nouter
+            if pure and nouter >= 2 and product(g.outer[:-1]) < 4:
+                collapse = nouter  # too few rows to split: let OpenMP split the whole space
+            c = f" collapse({collapse})" if collapse > 1 else ""
+            self.line(f"#pragma omp parallel for{c}")
+        opened = 0
+        for i, s in enumerate(g.outer):
+            self.line(f"for (int64_t x{i} = 0; x{i} < {to_c(s)}; x{i}++) {{")
+            self.indent += 1
+            opened += 1
+        self.scopes.append({})
+        for b in g.blocks:
+            self.block(b)
+        self.scopes.pop()
+        for _ in range(opened):
+            self.indent -= 1
+            self.line("}")
+        self.local_values = {}
+        self.indent -= 1
+        self.line("}")
+
+    def block(self, b: LoopBlock) -> None:
+        reds = [m for m in b.members if isinstance(m.node.data, Reduction)]
+        accs: dict[str, tuple[str, ...]] = {}
+        for m in reds:
+            red = m.node.data
+            assert isinstance(red, Reduction)
+            acc = f"acc_{m.node.name}"
+            if red.reduction_type in ("argmax", "argmin"):
+                at = compute_type(red.src_dtype)
+                self.line(f"{at} {acc}_v = {_reduction_init(red.reduction_type, red.src_dtype)};")
+                self.line(f"int64_t {acc} = 0;")
+                accs[m.node.name] = (acc, f"{acc}_v")
+            else:
+                at = compute_type(red.src_dtype)
+                self.line(f"{at} {acc} = {_reduction_init(red.reduction_type, red.src_dtype)};")
+                accs[m.node.name] = (acc,)
+        pw_names = []
+        if b.inner:
+            simd = [m for m in reds if m.node.data.reduction_type in ("sum", "prod")
+                    and m.node.data.src_dtype.is_floating_point]
+            if simd and len(simd) == len(reds):
+                clauses = " ".join(
+                    f"reduction({'+' if m.node.data.reduction_type == 'sum' else '*'}:"
+                    f"acc_{m.node.name})" for m in simd)
+                pragma = f"#pragma omp simd {clauses}"
+            else:
+                pragma = None
+            for i, s in enumerate(b.inner):
+                if i == len(b.inner) - 1 and pragma:
+                    self.line(pragma)
+                self.line(f"for (int64_t r{i} = 0; r{i} < {to_c(s)}; r{i}++) {{")
+                self.indent += 1
+            self.scopes.append({})
+        for m in b.members:
+            value = m.node.body(m.index, m.rindex)
+            red = m.node.data
+            if isinstance(red, Reduction):
+                rt = red.reduction_type
+                if value.dtype != red.src_dtype:
+                    value = CppOps(self).to_dtype(value, red.src_dtype)
+                acc = accs[m.node.name][0]
+                if rt == "sum":
+                    self.line(f"{acc} = {acc} + {value};")
+                elif rt == "prod":
+                    self.line(f"{acc} = {acc} * {value};")
+                elif rt == "max":
+                    self.line(f"{acc} = e_max({acc}, {value});")
+                elif rt == "min":
+                    self.line(f"{acc} = e_min({acc}, {value});")
+                elif rt == "any":
+                    self.line(f"{acc} = {acc} || {value};")
+                elif rt == "all":
+                    self.line(f"{acc} = {acc} && {value};")
+                elif rt in ("argmax", "argmin"):
+                    flat = self._flat_rindex(b.inner)
+                    cmp = "e_gt" if rt == "argmax" else "e_lt"
+                    self.line(f"if ({cmp}({value}, {acc}_v)) {{ {acc}_v = {value}; {acc} = {flat}; }}")
+                else:
+                    raise NotImplementedError(f"reduction {rt}")
+            else:
+                self.store(m, value)
+                self.local_values[m.node.name] = value
+                pw_names.append(m.node.name)
+        if b.inner:
+            self.scopes.pop()
+            for _ in b.inner:
+                self.indent -= 1
+                self.line("}")
+            for n in pw_names:  # values of the inner loop are out of scope now
+                self.local_values.pop(n, None)
+        for m in reds:
+            red = m.node.data
+            acc = accs[m.node.name][0]
+            v = CppVar(acc, m.node.dtype if red.reduction_type in ("argmax", "argmin")
+                       else red.src_dtype)
+            if v.dtype != m.node.dtype:
+                v = CppOps(self).to_dtype(v, m.node.dtype)
+            self.store(m, v)
+            self.local_values[m.node.name] = v
+
+    @staticmethod
+    def _flat_rindex(inner: Sequence[Any]) -> str:
+        if not inner:
+            return "0"
+        terms = []
+        stride: Any = 1
+        for i in reversed(range(len(inner))):
+            terms.append(f"r{i}" if stride == 1 else f"r{i}*{to_c(stride)}")
+            stride = stride * inner[i]
+        return " + ".join(reversed(terms))
+
+
+def generate_cpp(sched: Scheduler, dtypes: dict[str, torch.dtype]) -> str:
+    """The whole C++ source of a graph: prelude plus one function per region."""
+    parts = [PRELUDE]
+    for step in sched.steps:
+        if isinstance(step, CppRegion):
+            with set_ops_handler(None):
+                pass
+            parts.append(CppKernel(step, sched, dtypes).generate())
+    return "\n".join(parts)

@@ -1,0 +1,174 @@
+"""The wrapper: readable Python that allocates buffers, calls the compiled C++ regions through
+ctypes and the ATen kernels through ``torch.ops``, frees buffers after their last use, and returns
+the outputs. It imports only torch, ctypes and ember_inductor's runtime, so it can be stored and
+loaded on its own (the body of a precompiled artifact)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from ..ir import Buffer, ExternKernel, InputBuffer, MultiOutput, NoneValue, ReinterpretView
+from ..scheduler import CppRegion, Scheduler
+
+__all__ = ["generate_wrapper"]
+
+_DTYPE_NAMES = {d: str(d) for d in (torch.float32, torch.float64, torch.bfloat16, torch.float16,
+                                    torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8,
+                                    torch.bool)}
+
+
+def _const(v: Any) -> str:
+    if isinstance(v, torch.dtype):
+        return str(v)
+    if isinstance(v, torch.device):
+        return f"torch.device({str(v)!r})"
+    if isinstance(v, (torch.layout, torch.memory_format)):
+        return str(v)
+    if isinstance(v, float):
+        if math.isinf(v) or math.isnan(v):
+            return f"float({str(v)!r})"
+        return repr(v)
+    if isinstance(v, (bool, int, str, type(None))):
+        return repr(v)
+    if isinstance(v, (list, tuple)):
+        inner = ", ".join(_const(x) for x in v)
+        return f"[{inner}]" if isinstance(v, list) else f"({inner}{',' if len(v) == 1 else ''})"
+    raise NotImplementedError(f"cannot write {type(v).__name__} into the wrapper")
+
+
+def _op_path(op: Any) -> str:
+    if isinstance(op, torch._ops.OpOverload):
+        ns = op.namespace
+        return f"torch.ops.{ns}.{op._schema.name.split('::')[-1]}.{op._overloadname}"
+    raise NotImplementedError(f"extern call of {op!r}")
+
+
+def _tuple(xs: Any) -> str:
+    xs = [int(x) for x in xs]
+    return "(" + ", ".join(map(str, xs)) + ("," if len(xs) == 1 else "") + ")"
+
+
+class WrapperWriter:
+    def __init__(self, graph: Any, sched: Scheduler, cpp_source: str, key: str):
+        self.g = graph
+        self.s = sched
+        self.cpp = cpp_source
+        self.key = key
+
+    def value(self, v: Any) -> str:
+        if isinstance(v, ReinterpretView):
+            lay = v.layout
+            return (f"_view({v.buffer.name}, {_tuple(lay.size)}, {_tuple(lay.stride)}, "
+                    f"{int(lay.offset)})")
+        if isinstance(v, Buffer):
+            return v.name
+        if isinstance(v, NoneValue):
+            return "None"
+        if isinstance(v, (list, tuple)):
+            inner = ", ".join(self.value(x) for x in v)
+            return f"[{inner}]" if isinstance(v, list) else f"({inner}{',' if len(v) == 1 else ''})"
+        return _const(v)
+
+    def generate(self) -> str:
+        g, s = self.g, self.s
+        regions = [st for st in s.steps if isinstance(st, CppRegion)]
+        head = [
+            f"# ember-inductor wrapper, graph {self.key[:16]}",
+            "import ctypes",
+            "import torch",
+        ]
+        if regions:
+            head.append("from ember_inductor.runtime.cache import load_cpp")
+        head += [
+            "",
+            "_empty = torch.empty_strided",
+            "",
+            "",
+            "def _view(t, size, stride, offset):",
+            "    return t.as_strided(size, stride, t.storage_offset() + offset)",
+            "",
+        ]
+        consts = [t for t in g.constants]
+        head.append(f"CONSTANTS = {consts!r}  # get_attr tensors, bound by the loader")
+        if regions:
+            head.append("CPP_SOURCE = r'''" + self.cpp + "'''")
+            head.append("_lib = load_cpp(CPP_SOURCE)")
+            for r in regions:
+                n = len(r.reads) + len(r.writes)
+                head.append(f"{r.name} = _lib.{r.name}")
+                head.append(f"{r.name}.argtypes = [ctypes.c_void_p] * {n}")
+                head.append(f"{r.name}.restype = None")
+        head.append("")
+        head.append("")
+        args = ", ".join(b.name for b in g.inputs)
+        body = [f"def call({args}):"]
+        # last use of every buffer, to free it early
+        last: dict[str, int] = {}
+        for i, st in enumerate(s.steps):
+            for n in self._uses(st):
+                last[n] = i
+        keep = set(s.output_names) | {b.name for b in g.inputs} | set(g.constants)
+        dtypes = {}
+        for i, st in enumerate(s.steps):
+            if isinstance(st, CppRegion):
+                ptrs = []
+                for n in st.writes:
+                    buf = self._buffer(n)
+                    lay = buf.layout
+                    body.append(f"    {n} = _empty({_tuple(lay.size)}, {_tuple(lay.stride)}, "
+                                f"dtype={_DTYPE_NAMES[lay.dtype]})")
+                for n in st.reads + st.writes:
+                    ptrs.append(f"{n}.data_ptr()")
+                desc = "; ".join(
+                    f"{m.node.name}{list(m.node.layout.size)} <- "
+                    f"{'+'.join(dict.fromkeys(getattr(m.node.data, 'origins', [])))[:60]}"
+                    for grp in st.groups for m in grp.members if m.node.name not in s.local)
+                body.append(f"    {st.name}({', '.join(ptrs)})  # {desc}")
+            elif isinstance(st, ExternKernel):
+                call = f"{_op_path(st.op)}({', '.join(self.value(a) for a in st.args)}"
+                if st.kwargs:
+                    call += (", " if st.args else "") + ", ".join(
+                        f"{k}={self.value(v)}" for k, v in st.kwargs.items())
+                call += ")"
+                shape = "" if st.multi else f" {list(st.layout.size)}"
+                body.append(f"    {st.name} = {call}  # {st.kind}{shape}")
+            elif isinstance(st, MultiOutput):
+                idx = "".join(f"[{p}]" for p in st.path)
+                body.append(f"    {st.name} = {st.parent.name}{idx}")
+            dead = [n for n, j in last.items() if j == i and n not in keep]
+            if dead:
+                body.append(f"    del {', '.join(sorted(dead))}")
+        outs = []
+        for o in g.outputs:
+            outs.append(self.value(o))
+        body.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
+        del dtypes
+        return "\n".join(head + body) + "\n"
+
+    def _buffer(self, name: str) -> Buffer:
+        return self._by_name[name]
+
+    @property
+    def _by_name(self) -> dict[str, Buffer]:
+        if not hasattr(self, "_names"):
+            self._names = {b.name: b for b in self.g.operations}
+            self._names.update({b.name: b for b in self.g.inputs})
+        return self._names
+
+    def _uses(self, st: Any) -> list[str]:
+        from ..scheduler import _reads_of
+        if isinstance(st, CppRegion):
+            return list(st.reads) + list(st.writes)
+        out = list(_reads_of(st))
+        out.append(st.name)
+        return out
+
+
+def generate_wrapper(graph: Any, sched: Scheduler, cpp_source: str, key: str) -> str:
+    return WrapperWriter(graph, sched, cpp_source, key).generate()
+
+
+del InputBuffer

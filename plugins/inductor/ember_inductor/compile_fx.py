@@ -1,0 +1,120 @@
+"""``compile_inductor``: ATen fx graph -> IR -> schedule -> C++ + wrapper -> a callable.
+
+A warm start skips everything but loading: the wrapper source is cached by a key over the graph's
+code, its input metadata, the options and this code generator's version; the kernels it loads are
+cached by their source (runtime/cache.py)."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import pathlib
+import time
+from typing import Any, Callable, Sequence
+
+import torch
+
+__all__ = ["compile_inductor", "CODEGEN_VERSION", "generate_source"]
+
+log = logging.getLogger("ember.inductor")
+out_log = logging.getLogger("ember.output_code")
+
+#: Bump when lowering or codegen changes what is generated for a graph.
+CODEGEN_VERSION = "1"
+
+
+@functools.lru_cache(None)
+def _code_fingerprint() -> str:
+    """A hash of this compiler's own source (lowering, scheduling, codegen): any change to it
+    makes earlier cached wrappers misses, so a stale wrapper is never loaded."""
+    h = hashlib.sha256(CODEGEN_VERSION.encode())
+    root = pathlib.Path(__file__).parent
+    for p in sorted(root.rglob("*.py")):
+        if "runtime" in p.relative_to(root).parts:
+            continue
+        h.update(str(p.relative_to(root)).encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def _graph_key(gm: torch.fx.GraphModule, options: dict[str, Any]) -> str:
+    h = hashlib.sha256()
+    h.update(_code_fingerprint().encode())
+    h.update(torch.__version__.encode())
+    h.update(gm.code.encode())
+    for n in gm.graph.nodes:
+        if n.op in ("placeholder", "get_attr"):
+            v = n.meta.get("val")
+            if n.op == "get_attr":
+                v = getattr(gm, n.target)
+            if isinstance(v, torch.Tensor):
+                h.update(repr((n.name, tuple(v.shape), tuple(v.stride()), str(v.dtype),
+                               str(v.device))).encode())
+            else:
+                h.update(repr((n.name, type(v).__name__)).encode())
+    h.update(repr(sorted((k, repr(v)) for k, v in options.items())).encode())
+    return h.hexdigest()
+
+
+def generate_source(gm: torch.fx.GraphModule, key: str = "") -> tuple[str, dict[str, Any]]:
+    """(wrapper source, info) for an ATen graph; the wrapper embeds the C++ source."""
+    from .codegen.cpp import generate_cpp
+    from .codegen.wrapper import generate_wrapper
+    from .lowering import GraphLowering
+    from .scheduler import CppRegion, Scheduler
+
+    graph = GraphLowering(gm).run()
+    sched = Scheduler(graph)
+    dtypes = {b.name: b.dtype for b in graph.operations}
+    dtypes.update({b.name: b.dtype for b in graph.inputs})
+    for name, t in graph.constants.items():
+        dtypes[name] = t.dtype
+    cpp = generate_cpp(sched, dtypes)
+    src = generate_wrapper(graph, sched, cpp, key)
+    info = {"fallbacks": graph.fallback_ops,
+            "regions": sum(isinstance(s, CppRegion) for s in sched.steps)}
+    return src, info
+
+
+def load_wrapper(src: str, gm: torch.fx.GraphModule, key: str) -> Callable[..., Any]:
+    ns: dict[str, Any] = {"__name__": f"ember_inductor_graph_{key[:12]}"}
+    exec(compile(src, f"<ember_inductor {key[:12]}>", "exec"), ns)
+    targets = [n.target for n in gm.graph.nodes if n.op == "get_attr"]
+    for i, t in enumerate(targets):
+        ns[f"const{i}"] = getattr(gm, t)
+    return ns["call"]
+
+
+def compile_inductor(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
+                     context: Any = None, **options: Any) -> Callable[..., Any]:
+    """Compile a functional ATen graph (from Ember's AOT autograd) for the CPU.
+
+    Returns a callable taking the graph's inputs positionally and returning its output tuple.
+    ``mode`` ("default", "max-autotune", "reduce-overhead") is accepted; on the CPU it changes
+    nothing yet. ``context`` (an ember CompileContext) is optional.
+    """
+    from ._logging_util import output_code_enabled
+    from .runtime.cache import get_text, put_text
+
+    for n in gm.graph.nodes:
+        v = n.meta.get("val") if n.op == "placeholder" else None
+        if isinstance(v, torch.Tensor) and v.device.type != "cpu":
+            raise NotImplementedError(f"ember-inductor: {v.device.type} graphs are not supported "
+                                      "yet (CPU only)")
+    t0 = time.perf_counter()
+    opts = {k: v for k, v in options.items()}
+    key = _graph_key(gm, opts)
+    src = get_text("wrapper", key)
+    hit = src is not None
+    if src is None:
+        src, info = generate_source(gm, key)
+        put_text("wrapper", key, src)
+        if info["fallbacks"]:
+            log.info("ATen fallbacks: %s", ", ".join(sorted(set(info["fallbacks"]))))
+    fn = load_wrapper(src, gm, key)
+    if output_code_enabled():
+        out_log.info("graph %s (%s):\n%s", key[:16], "cached" if hit else "generated", src)
+    log.debug("compiled graph %s in %.3fs (%s)", key[:16], time.perf_counter() - t0,
+              "warm" if hit else "cold")
+    return fn

@@ -1,0 +1,30 @@
+"""The decomposition table inductor asks AOT autograd for: torch's core ATen decompositions (fewer
+ops to lower) minus attention (kept whole, an extern kernel), plus the normalization ops so they
+reach the lowering as reductions and pointwise math."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+__all__ = ["decompositions"]
+
+aten = torch.ops.aten
+
+
+def decompositions() -> dict[Any, Callable[..., Any]]:
+    from torch._decomp import core_aten_decompositions, decomposition_table
+
+    table = dict(core_aten_decompositions())
+    for op in (aten.scaled_dot_product_attention.default,
+               aten._scaled_dot_product_flash_attention_for_cpu.default,
+               aten._scaled_dot_product_flash_attention_for_cpu_backward.default):
+        table.pop(op, None)
+    for op in (aten.native_layer_norm.default, aten._native_batch_norm_legit_functional.default,
+               aten._native_batch_norm_legit_no_training.default,
+               aten._native_batch_norm_legit.default, aten._native_batch_norm_legit.no_stats,
+               aten.native_group_norm.default, aten.native_batch_norm.default):
+        if op in decomposition_table:
+            table[op] = decomposition_table[op]
+    return table

@@ -1,0 +1,113 @@
+"""Helpers shared by the lowerings: broadcasting loaders, scalars, type promotion."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ..ir import IRNode, Pointwise
+from ..virtualized import ops
+from .registry import Unsupported, current
+
+__all__ = ["meta", "loader", "pointwise", "promote", "scalar_dtype", "is_value", "SUPPORTED_DTYPES"]
+
+SUPPORTED_DTYPES = {torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64,
+                    torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool}
+
+
+def meta() -> Any:
+    return current().meta()
+
+
+def is_value(x: Any) -> bool:
+    return isinstance(x, IRNode)
+
+
+def check_dtype(dtype: torch.dtype) -> None:
+    if dtype not in SUPPORTED_DTYPES:
+        raise Unsupported(f"dtype {dtype}")
+
+
+def scalar_dtype(x: Any) -> torch.dtype:
+    if isinstance(x, bool):
+        return torch.bool
+    if isinstance(x, int):
+        return torch.int64
+    if isinstance(x, float):
+        return torch.float64
+    raise Unsupported(f"scalar of type {type(x).__name__}")
+
+
+def promote(*xs: Any) -> torch.dtype:
+    """torch's result type of tensors (IR values) and Python scalars."""
+    proxies = []
+    for x in xs:
+        if is_value(x):
+            shape = () if len(x.get_size()) == 0 else (0,)
+            proxies.append(torch.empty(shape, dtype=x.dtype))
+        elif isinstance(x, (bool, int, float)):
+            proxies.append(x)
+        else:
+            raise Unsupported(f"operand of type {type(x).__name__}")
+    out = proxies[0]
+    if len(proxies) == 1:
+        return out.dtype if isinstance(out, torch.Tensor) else scalar_dtype(out)
+    dt = torch.result_type(proxies[0], proxies[1])
+    for p in proxies[2:]:
+        dt = torch.result_type(torch.empty((0,), dtype=dt), p)
+    return dt
+
+
+def loader(x: Any, out_size: Sequence[Any], dtype: torch.dtype | None = None
+           ) -> Callable[[Sequence[Any]], Any]:
+    """A loader of ``x`` broadcast to ``out_size`` (and cast to ``dtype``)."""
+    if not is_value(x):
+        if not isinstance(x, (bool, int, float)):
+            raise Unsupported(f"operand of type {type(x).__name__}")
+        dt = dtype or scalar_dtype(x)
+        return lambda idx: ops.constant(x, dt)
+    size = x.get_size()
+    n, k = len(out_size), len(size)
+    if k > n:
+        raise Unsupported("broadcast to fewer dims")
+    inner = x.make_loader()
+    bcast = [size[i] == 1 and out_size[n - k + i] != 1 for i in range(k)]
+    src_dtype = x.dtype
+
+    def load(idx: Sequence[Any]) -> Any:
+        sub = [0 if b else i for i, b in zip(idx[n - k:], bcast)]
+        v = inner(sub)
+        if dtype is not None and dtype != src_dtype:
+            v = ops.to_dtype(v, dtype)
+        return v
+
+    return load
+
+
+def pointwise(fn: Callable[..., Any], inputs: Sequence[Any], compute_dtype: torch.dtype | None = None,
+              out_dtype: torch.dtype | None = None, size: Sequence[Any] | None = None) -> Pointwise:
+    """A Pointwise applying ``fn`` to ``inputs`` (IR values or scalars) broadcast to the node's
+    output size. Inputs are cast to ``compute_dtype`` (default: the output dtype), the result to
+    the output dtype."""
+    m = meta()
+    if size is None:
+        size = [int(s) for s in m.shape]
+    if out_dtype is None:
+        out_dtype = m.dtype
+    check_dtype(out_dtype)
+    if compute_dtype is None:
+        compute_dtype = out_dtype
+    check_dtype(compute_dtype)
+    loaders = [loader(x, size, compute_dtype) for x in inputs]
+    res_dtype_box: list[Any] = []
+
+    def inner(idx: Sequence[Any]) -> Any:
+        v = fn(*[ld(idx) for ld in loaders])
+        return ops.to_dtype(v, out_dtype)
+
+    device = next((x.device for x in inputs if is_value(x)), m.device if m is not None else
+                  torch.device("cpu"))
+    del res_dtype_box
+    cost = 1 + sum(x.op_count() for x in inputs if is_value(x))
+    return Pointwise(device, out_dtype, size, inner, cost)

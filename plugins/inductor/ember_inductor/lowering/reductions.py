@@ -1,0 +1,256 @@
+"""Lowerings of reductions (sum, mean, amax/amin, argmax/argmin, prod, any/all, var/var_mean, std)
+and of softmax/log_softmax, composed from reductions and pointwise IR."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from ..ir import Pointwise, Reduction
+from ..sizes import product
+from ..virtualized import ops
+from .common import check_dtype, is_value, loader, meta
+from .registry import Unsupported, current, register
+
+aten = torch.ops.aten
+
+
+def _dims(x: Any, dims: Any) -> list[int]:
+    n = len(x.get_size())
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        return list(range(n))
+    if isinstance(dims, int):
+        dims = [dims]
+    return sorted({d % n if n else 0 for d in dims})
+
+
+def acc_dtype(dtype: torch.dtype, rtype: str) -> torch.dtype:
+    if rtype in ("sum", "prod"):
+        if dtype in (torch.bfloat16, torch.float16):
+            return torch.float32
+        if not dtype.is_floating_point:
+            return torch.int64
+    return dtype
+
+
+def reduce(x: Any, dims: Sequence[int], keepdim: bool, rtype: str, out_dtype: torch.dtype,
+           value_fn: Any = None) -> Any:
+    """A realized Reduction of ``x`` over ``dims``; ``value_fn(v)`` maps the loaded value."""
+    size = x.get_size()
+    dims = list(dims)
+    if len(size) == 0:
+        dims = []
+    out_size = [1 if i in dims else s for i, s in enumerate(size) if keepdim or i not in dims]
+    rranges = [size[d] for d in dims]
+    src_dtype = x.dtype if value_fn is None else out_dtype
+    acc = acc_dtype(src_dtype, rtype) if rtype in ("sum", "prod") else src_dtype
+    check_dtype(out_dtype)
+    load = x.make_loader()
+    kept = [i for i in range(len(size)) if i not in dims]
+
+    def inner(idx: Sequence[Any], ridx: Sequence[Any]) -> Any:
+        full: list[Any] = [0] * len(size)
+        if keepdim:
+            for i in kept:
+                full[i] = idx[i]
+        else:
+            for j, i in enumerate(kept):
+                full[i] = idx[j]
+        for j, d in enumerate(dims):
+            full[d] = ridx[j]
+        v = load(full)
+        if value_fn is not None:
+            v = value_fn(v)
+        if acc != src_dtype:
+            v = ops.to_dtype(v, acc)
+        return v
+
+    if product(rranges) == 0 and rtype in ("max", "min", "argmax", "argmin"):
+        raise Unsupported("empty max/min reduction")  # eager raises; let ATen say so
+    red = Reduction(x.device, out_dtype, out_size, rranges, rtype, inner, acc)
+    return current().realize(red)
+
+
+def _acc_to_out(buf: Any, out_dtype: torch.dtype) -> Any:
+    if buf.dtype == out_dtype:
+        return buf
+    ld = buf.make_loader()
+    return Pointwise(buf.device, out_dtype, buf.get_size(), lambda i: ops.to_dtype(ld(i), out_dtype))
+
+
+def _sum(x: Any, dims: Any, keepdim: bool, out_dtype: torch.dtype) -> Any:
+    acc = acc_dtype(out_dtype, "sum")
+    if is_value(x) and x.dtype != out_dtype:
+        xl = x
+        x = Pointwise(x.device, out_dtype, x.get_size(),
+                      (lambda ld: lambda i: ops.to_dtype(ld(i), out_dtype))(xl.make_loader()),
+                      xl.op_count() + 1)
+    buf = reduce(x, _dims(x, dims), keepdim, "sum", acc)
+    return _acc_to_out(buf, out_dtype)
+
+
+@register(aten.sum.dim_IntList, aten.sum.default)
+def sum_(x: Any, dims: Any = None, keepdim: bool = False, dtype: Any = None) -> Any:
+    return _sum(x, dims, keepdim, meta().dtype)
+
+
+@register(aten.mean.dim, aten.mean.default)
+def mean(x: Any, dims: Any = None, keepdim: bool = False, dtype: Any = None) -> Any:
+    out_dtype = meta().dtype
+    if not out_dtype.is_floating_point:
+        raise Unsupported("integer mean")
+    d = _dims(x, dims)
+    n = product([x.get_size()[i] for i in d]) if x.get_size() else 1
+    s = _sum(x, d, keepdim, out_dtype)
+    ld = s.make_loader()
+    return Pointwise(x.device, out_dtype, s.get_size(),
+                     lambda i: ops.truediv(ld(i), ops.constant(n, out_dtype)), 2)
+
+
+@register(aten.prod.dim_int, aten.prod.default)
+def prod(x: Any, dim: Any = None, keepdim: bool = False, dtype: Any = None) -> Any:
+    out_dtype = meta().dtype
+    if x.dtype != out_dtype:
+        raise Unsupported("prod with dtype")
+    buf = reduce(x, _dims(x, dim), keepdim, "prod", acc_dtype(out_dtype, "prod"))
+    return _acc_to_out(buf, out_dtype)
+
+
+@register(aten.amax.default)
+def amax(x: Any, dims: Any = (), keepdim: bool = False) -> Any:
+    return reduce(x, _dims(x, dims), keepdim, "max", x.dtype)
+
+
+@register(aten.amin.default)
+def amin(x: Any, dims: Any = (), keepdim: bool = False) -> Any:
+    return reduce(x, _dims(x, dims), keepdim, "min", x.dtype)
+
+
+@register(aten.any.dim, aten.any.default, aten.any.dims)
+def any_(x: Any, dim: Any = None, keepdim: bool = False) -> Any:
+    return reduce(x, _dims(x, dim), keepdim, "any", torch.bool,
+                  value_fn=lambda v: ops.to_dtype(v, torch.bool))
+
+
+@register(aten.all.dim, aten.all.default, aten.all.dims)
+def all_(x: Any, dim: Any = None, keepdim: bool = False) -> Any:
+    return reduce(x, _dims(x, dim), keepdim, "all", torch.bool,
+                  value_fn=lambda v: ops.to_dtype(v, torch.bool))
+
+
+def _arg(x: Any, dim: Any, keepdim: bool, rtype: str) -> Any:
+    if dim is None:
+        if len(x.get_size()) > 1:
+            raise Unsupported("flattened argmax")
+        dim = 0
+    return reduce(x, _dims(x, dim), keepdim, rtype, torch.int64)
+
+
+@register(aten.argmax.default)
+def argmax(x: Any, dim: Any = None, keepdim: bool = False) -> Any:
+    return _arg(x, dim, keepdim, "argmax")
+
+
+@register(aten.argmin.default)
+def argmin(x: Any, dim: Any = None, keepdim: bool = False) -> Any:
+    return _arg(x, dim, keepdim, "argmin")
+
+
+@register(aten.max.dim)
+def max_dim(x: Any, dim: int, keepdim: bool = False) -> Any:
+    return (reduce(x, _dims(x, dim), keepdim, "max", x.dtype), _arg(x, dim, keepdim, "argmax"))
+
+
+@register(aten.min.dim)
+def min_dim(x: Any, dim: int, keepdim: bool = False) -> Any:
+    return (reduce(x, _dims(x, dim), keepdim, "min", x.dtype), _arg(x, dim, keepdim, "argmin"))
+
+
+def _var_mean(x: Any, dims: Any, correction: Any, keepdim: bool) -> tuple[Any, Any]:
+    dt = x.dtype
+    if not dt.is_floating_point:
+        raise Unsupported("integer var")
+    calc = torch.float32 if dt in (torch.bfloat16, torch.float16) else dt
+    d = _dims(x, dims)
+    n = product([x.get_size()[i] for i in d]) if x.get_size() else 1
+    corr = 1 if correction is None else correction
+    s = reduce(x, d, True, "sum", calc)
+    sl = s.make_loader()
+    mean_keep = Pointwise(x.device, calc, s.get_size(),
+                          lambda i: ops.truediv(sl(i), ops.constant(n, calc)), 2)
+    ml = loader(mean_keep, x.get_size())
+    xl = x.make_loader()
+
+    size = x.get_size()
+    centered = Pointwise(x.device, calc, size, lambda i: (lambda c: ops.mul(c, c))(
+        ops.sub(ops.to_dtype(xl(i), calc), ml(i))), 3)
+    ss = reduce(centered, d, keepdim, "sum", calc)
+    ssl = ss.make_loader()
+    denom = max(0, n - corr)
+    var = Pointwise(x.device, dt, ss.get_size(), lambda i: ops.to_dtype(
+        ops.truediv(ssl(i), ops.constant(denom, calc)), dt), 2)
+    if keepdim:
+        mean = Pointwise(x.device, dt, s.get_size(), lambda i: ops.to_dtype(
+            ops.truediv(sl(i), ops.constant(n, calc)), dt), 2)
+    else:
+        kept = [s_ for i, s_ in enumerate(size) if i not in d]
+        keep_idx = [i for i in range(len(size)) if i not in d]
+
+        def mean_fn(i: Any) -> Any:
+            full = [0] * len(size)
+            for j, k in enumerate(keep_idx):
+                full[k] = i[j]
+            return ops.to_dtype(ops.truediv(sl(full), ops.constant(n, calc)), dt)
+        mean = Pointwise(x.device, dt, kept, mean_fn, 2)
+    return var, mean
+
+
+@register(aten.var_mean.correction)
+def var_mean(x: Any, dims: Any = None, *, correction: Any = None, keepdim: bool = False) -> Any:
+    return _var_mean(x, dims, correction, keepdim)
+
+
+@register(aten.var.correction)
+def var(x: Any, dims: Any = None, *, correction: Any = None, keepdim: bool = False) -> Any:
+    return _var_mean(x, dims, correction, keepdim)[0]
+
+
+@register(aten._softmax.default)
+def softmax(x: Any, dim: int, half_to_float: bool) -> Any:
+    return _softmax(x, dim, log=False)
+
+
+@register(aten._log_softmax.default)
+def log_softmax(x: Any, dim: int, half_to_float: bool) -> Any:
+    return _softmax(x, dim, log=True)
+
+
+def _softmax(x: Any, dim: int, log: bool) -> Any:
+    out_dtype = meta().dtype
+    calc = torch.float32 if x.dtype in (torch.bfloat16, torch.float16) else x.dtype
+    if not calc.is_floating_point:
+        raise Unsupported("integer softmax")
+    size = x.get_size()
+    if len(size) == 0:
+        raise Unsupported("0-d softmax")
+    d = _dims(x, dim)
+    xl = x.make_loader()
+    xc = Pointwise(x.device, calc, size, lambda i: ops.to_dtype(xl(i), calc), x.op_count() + 1)
+    m = reduce(xc, d, True, "max", calc)
+    ml = loader(m, size)
+    xcl = xc.make_loader()
+
+    def shifted(i: Any) -> Any:
+        # rows of -inf: eager gives NaN for softmax; x - max would be NaN as well
+        return ops.sub(xcl(i), ml(i))
+
+    e = Pointwise(x.device, calc, size, lambda i: ops.exp(shifted(i)), x.op_count() + 3)
+    s = reduce(e, d, True, "sum", calc)
+    sl = loader(s, size)
+    if log:
+        return Pointwise(x.device, out_dtype, size, lambda i: ops.to_dtype(
+            ops.sub(shifted(i), ops.log(sl(i))), out_dtype), x.op_count() + 4)
+    el = e.make_loader()
+    return Pointwise(x.device, out_dtype, size, lambda i: ops.to_dtype(
+        ops.truediv(el(i), sl(i)), out_dtype), x.op_count() + 4)

@@ -1,0 +1,302 @@
+"""From the lowered graph to an ordered schedule.
+
+* dependencies: each ComputedBuffer's body runs once under a recording ``ops`` handler, which lists
+  the buffers it loads and at which index;
+* dead code: what no output needs is dropped;
+* fusion: consecutive C++ kernels (between ATen calls) are grouped into loop nests that share their
+  outer loops. A node joins a group when its outer iteration space is the group's (a reduction's
+  output space, or a prefix of a pointwise node's space) and every value it reads from the group is
+  read at exactly the index where the group wrote it in the same outer iteration — so the group can
+  run its outer loop in parallel. Reductions feeding consumers in the same group stay in registers;
+  pointwise values consumed in the same inner loop are never stored;
+* order: the program order, with a node moved up into the earliest group it can legally join.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import sympy
+
+from .ir import (Buffer, ComputedBuffer, ExternKernel, InputBuffer, IRNode, MultiOutput, NoneValue,
+                 Reduction, ReinterpretView)
+from .sizes import product, rvar, sym, var
+from .virtualized import set_ops_handler
+
+__all__ = ["Scheduler", "FusedGroup", "CppRegion", "LoopBlock"]
+
+
+class _RecordHandler:
+    """An ops handler that records loads (buffer name, index) and nothing else."""
+
+    def __init__(self) -> None:
+        self.loads: list[tuple[str, Any]] = []
+        self._n = 0
+
+    def load(self, name: str, index: Any) -> Any:
+        self.loads.append((name, index))
+        return None
+
+    def indirect_indexing(self, value: Any, size: Any) -> Any:
+        self._n += 1
+        return sym(f"_ind{self._n}")
+
+    def masked(self, mask: Any, body: Any, other: Any, dtype: Any) -> Any:
+        return body()
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *a, **k: None
+
+
+def _nontrivial(sizes: Sequence[Any]) -> list[Any]:
+    return [s for s in sizes if s != 1]
+
+
+@dataclasses.dataclass
+class Member:
+    node: ComputedBuffer
+    index: list[Any]      # per range dim: a loop variable or 0
+    rindex: list[Any]     # per reduction dim
+    inner: list[Any]      # sizes of this member's inner loops (non-1)
+    loads: list[tuple[str, Any]]
+    store_index: Any
+
+
+def _member(node: ComputedBuffer, k: int) -> Member | None:
+    """``node`` split as ``k`` outer loops plus its inner loops; None if it cannot be."""
+    ranges, rranges = node.iteration()
+    nt = _nontrivial(ranges)
+    if isinstance(node.data, Reduction):
+        if len(nt) != k:
+            return None
+        inner = _nontrivial(rranges)
+    else:
+        if len(nt) < k:
+            return None
+        inner = nt[k:]
+    index: list[Any] = []
+    j = 0
+    for s in ranges:
+        if s == 1:
+            index.append(0)
+        else:
+            index.append(var(j) if j < k else rvar(j - k))
+            j += 1
+    rindex: list[Any] = []
+    j = 0
+    for s in rranges:
+        if s == 1:
+            rindex.append(0)
+        else:
+            rindex.append(rvar(j))
+            j += 1
+    rec = _RecordHandler()
+    with set_ops_handler(rec):
+        node.body(index, rindex)
+    return Member(node, index, rindex, inner, rec.loads, node.layout.index(index))
+
+
+@dataclasses.dataclass
+class LoopBlock:
+    inner: list[Any]
+    members: list[Member]
+
+
+@dataclasses.dataclass
+class FusedGroup:
+    outer: list[Any]
+    members: list[Member]
+    blocks: list[LoopBlock] = dataclasses.field(default_factory=list)
+
+    def names(self) -> set[str]:
+        return {m.node.name for m in self.members}
+
+
+@dataclasses.dataclass
+class CppRegion:
+    name: str
+    groups: list[FusedGroup]
+    reads: list[str] = dataclasses.field(default_factory=list)
+    writes: list[str] = dataclasses.field(default_factory=list)
+
+
+def _reads_of(op: Buffer) -> set[str]:
+    names: set[str] = set()
+    if isinstance(op, ExternKernel):
+        def visit(a: Any) -> None:
+            if isinstance(a, (Buffer, ReinterpretView)):
+                names.add(a.storage().name)
+            elif isinstance(a, (list, tuple)):
+                for x in a:
+                    visit(x)
+            elif isinstance(a, dict):
+                for x in a.values():
+                    visit(x)
+        visit(op.args)
+        visit(op.kwargs)
+    elif isinstance(op, MultiOutput):
+        names.add(op.parent.name)
+    return names
+
+
+class Scheduler:
+    def __init__(self, graph: Any):
+        self.graph = graph
+        self.steps: list[Any] = []            # CppRegion | ExternKernel | MultiOutput
+        self.local: set[str] = set()          # buffers never stored (kept in registers)
+        self.output_names: set[str] = set()
+        for o in graph.outputs:
+            if isinstance(o, (Buffer, ReinterpretView)):
+                self.output_names.add(o.storage().name)
+        self._members: dict[str, Member] = {}
+        self.run()
+
+    # -- dependencies and dead code ---------------------------------------------------------------
+    def _deps(self, op: Buffer) -> set[str]:
+        if isinstance(op, ComputedBuffer):
+            m = self._members.get(op.name)
+            if m is None:
+                m = _member(op, len(_nontrivial(op.iteration()[0])))
+                self._members[op.name] = m
+            return {n for n, _ in m.loads}
+        return _reads_of(op)
+
+    def run(self) -> None:
+        ops_ = self.graph.operations
+        live = set(self.output_names)
+        kept: list[Buffer] = []
+        for op in reversed(ops_):
+            side_effect = (isinstance(op, ExternKernel) and op.kind == "fallback" and op.multi
+                           and not any(isinstance(o, MultiOutput) and o.parent is op for o in ops_))
+            if op.name in live or side_effect:
+                kept.append(op)
+                live |= self._deps(op)
+        kept.reverse()
+        self.live = live
+        self.users: dict[str, list[Any]] = {}
+        for op in kept:
+            for d in self._deps(op):
+                self.users.setdefault(d, []).append(op)
+        # fusion
+        region: list[FusedGroup] = []
+        regions = 0
+
+        def flush() -> None:
+            nonlocal region, regions
+            if region:
+                self.steps.append(CppRegion(f"kernel{regions}", region))
+                regions += 1
+                region = []
+
+        for op in kept:
+            if isinstance(op, ComputedBuffer):
+                self._place(op, region)
+            else:
+                flush()
+                self.steps.append(op)
+        flush()
+        for step in self.steps:
+            if isinstance(step, CppRegion):
+                for g in step.groups:
+                    self._blocks(g)
+                self._region_io(step)
+
+    def _place(self, node: ComputedBuffer, region: list[FusedGroup]) -> None:
+        deps = self._deps(node)
+        # search from the latest group back; stop at a group this node reads from
+        for gi in range(len(region) - 1, -1, -1):
+            g = region[gi]
+            if self._try_join(g, node):
+                return
+            if deps & g.names():
+                break
+        ranges, _ = node.iteration()
+        k = len(_nontrivial(ranges))
+        m = _member(node, k)
+        region.append(FusedGroup(_nontrivial(ranges), [m]))
+
+    def _try_join(self, g: FusedGroup, node: ComputedBuffer) -> bool:
+        k = len(g.outer)
+        ranges, _ = node.iteration()
+        nt = _nontrivial(ranges)
+        is_red = isinstance(node.data, Reduction)
+        if nt[:k] != g.outer or (is_red and len(nt) != k):
+            # a reduction may re-split a group of plain pointwise loops at its output space
+            if (is_red and len(nt) < k and g.outer[:len(nt)] == nt and len(nt) > 0
+                    and all(not m.inner and not isinstance(m.node.data, Reduction)
+                            for m in g.members)):
+                members = [_member(m.node, len(nt)) for m in g.members]
+                new = FusedGroup(nt, members)  # type: ignore[arg-type]
+                if self._legal(new, node):
+                    g.outer, g.members = new.outer, new.members
+                    g.members.append(_member(node, len(nt)))  # type: ignore[arg-type]
+                    return True
+            return False
+        if k == 0 and product(nt) > 1:
+            return False  # would serialize a whole loop nest behind a scalar
+        if self._legal(g, node):
+            g.members.append(_member(node, k))  # type: ignore[arg-type]
+            return True
+        return False
+
+    def _legal(self, g: FusedGroup, node: ComputedBuffer) -> bool:
+        m = _member(node, len(g.outer))
+        if m is None:
+            return False
+        stores = {mm.node.name: mm.store_index for mm in g.members}
+        for name, index in m.loads:
+            if name in stores and sympy.expand(index - stores[name]) != 0:
+                return False
+        return True
+
+    def _blocks(self, g: FusedGroup) -> None:
+        blocks: list[LoopBlock] = []
+        for m in g.members:
+            b = blocks[-1] if blocks else None
+            reads = {n for n, _ in m.loads}
+            if (b is not None and b.inner == m.inner and m.inner and
+                    not any(isinstance(x.node.data, Reduction) and x.node.name in reads
+                            for x in b.members)):
+                b.members.append(m)
+            elif b is not None and not b.inner and not m.inner:
+                b.members.append(m)
+            else:
+                blocks.append(LoopBlock(m.inner, [m]))
+        g.blocks = blocks
+        # which values never need storing
+        for bi, b in enumerate(blocks):
+            for m in b.members:
+                name = m.node.name
+                if name in self.output_names:
+                    continue
+                users = self.users.get(name, [])
+                if isinstance(m.node.data, Reduction):
+                    ok = all(u in [x.node for x in g.members] for u in users)
+                else:
+                    ok = all(u in [x.node for x in b.members] for u in users)
+                if ok:
+                    self.local.add(name)
+
+    def _region_io(self, r: CppRegion) -> None:
+        written = []
+        read: list[str] = []
+        for g in r.groups:
+            for m in g.members:
+                if m.node.name not in self.local:
+                    written.append(m.node.name)
+        for g in r.groups:
+            for m in g.members:
+                for n, _ in m.loads:
+                    if n not in written and n not in self.local and n not in read:
+                        read.append(n)
+        r.reads, r.writes = read, written
+
+
+def storage_name(v: IRNode) -> str | None:
+    if isinstance(v, (Buffer, ReinterpretView)):
+        return v.storage().name
+    return None
+
+
+__all__ += ["storage_name", "InputBuffer", "NoneValue"]
