@@ -1,4 +1,4 @@
-"""Command line: ``python -m benchmarks {run,probe,list}``."""
+"""Command line: ``python -m benchmarks {run,demo,probe,list,render}``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from pathlib import Path
 
 from .measure import ROOT
 
-DEFAULT_BACKENDS = "eager,ember-eager,ember-aot-eager,torch-eager,torch-aot-eager,torch-inductor"
+#: ember-inductor sits right before torch-inductor, so the tables show the two side by side.
+DEFAULT_BACKENDS = ("eager,ember-eager,ember-aot-eager,torch-eager,torch-aot-eager,"
+                    "ember-inductor,torch-inductor")
 
 
 def _csv(s: str) -> list[str]:
@@ -62,6 +64,14 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("list", help="list zoo models and backends")
 
+    dm = sub.add_parser("demo", help="Ember's bundled model: eager vs Ember's inductor vs "
+                                     "torch.compile's inductor (speed, accuracy, cold and warm "
+                                     "compile in fresh processes)")
+    dm.add_argument("--iters", type=int, default=30, help="interleaved timing iterations")
+    dm.add_argument("--max-seconds", type=float, default=15.0, help="timing budget")
+    dm.add_argument("--no-probes", action="store_true",
+                    help="skip the fresh-process cold/warm compile measurements")
+
     rd = sub.add_parser("render", help="re-render reports (md, csv, png, docs/benchmarks.md "
                                        "section) from saved {stem}.json files")
     rd.add_argument("json", nargs="+", type=Path,
@@ -94,6 +104,10 @@ def main(argv: list[str] | None = None) -> int:
             for kind, p in render(json.loads(path.read_text()), args.out or path.parent).items():
                 print(f"{kind}: {p}")
         return 0
+    if args.cmd == "demo":
+        from .demo import demo
+
+        return demo(iters=args.iters, max_seconds=args.max_seconds, probes=not args.no_probes)
     if args.cmd == "probe":
         from .runner import probe_json
 

@@ -188,6 +188,13 @@ def _build_transformer_block(device: str, size: str):
             (_randn(b, t, d, device=device),))
 
 
+def _build_demo(device: str, size: str):
+    # Ember's bundled model (``python -m ember demo``), at the size the product demo uses.
+    from ember.examples import example_input, make_model
+
+    return make_model().to(device), (example_input().to(device),)
+
+
 def _build_convnet(device: str, size: str):
     b = 16 if size == "small" else 128
     return _seeded(lambda: SmallResNet(32)).to(device), (_randn(b, 3, 64, 64, device=device),)
@@ -288,6 +295,9 @@ ZOO: dict[str, ModelSpec] = {s.name: s for s in [
               {"small": 2, "full": 64}, devices=("cuda",), requires=("timm",)),
     ModelSpec("tiny_mlp", "1-block MLP d=16 (for the smoke test)", _build_tiny_mlp,
               {"small": 4, "full": 4}, default=False),
+    ModelSpec("demo", "Ember's bundled model: 2 pre-norm transformer blocks d=128, 8x64 "
+              "(python -m benchmarks demo)", _build_demo, {"small": 8, "full": 8},
+              requires=("ember",), default=False),
 ]}
 
 

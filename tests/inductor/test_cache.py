@@ -156,7 +156,7 @@ def test_concurrent_processes_build_once(tmp_cache: Path, tmp_path: Path) -> Non
         print(len(builds), lib.add(2, 3), cache.compile_cpp({ADD!r}))
     """)
     env = dict(os.environ, EMBER_CACHE_DIR=str(tmp_cache))
-    n = 3
+    n = 2
     procs = [subprocess.Popen([sys.executable, "-c", worker, str(tmp_path / f"ready{i}")],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i in range(n)]
