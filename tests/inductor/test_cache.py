@@ -25,9 +25,9 @@ ADD = 'extern "C" int add(int a, int b) { return a + b; }\n'
 def tmp_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     d = tmp_path / "cache"
     monkeypatch.setenv("EMBER_CACHE_DIR", str(d))
-    cache._built.clear()  # the per-process memo would hide what is on disk
+    cache._forget()  # the per-process memo would hide what is on disk
     yield d
-    cache._built.clear()
+    cache._forget()
 
 
 def _entry_files(root: Path, suffix: str) -> list[Path]:
@@ -62,9 +62,12 @@ def test_miss_then_hit(tmp_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None
     assert len([c for c in builds if "-shared" in c]) == 1
     assert cache.load_cpp(ADD).add(40, 2) == 42
     assert cache.load_cpp(ADD) is cache.load_cpp(ADD)
-    cache._built.clear()  # as a fresh process would: found on disk, not rebuilt
+    cache._forget()  # as a fresh process would: found on disk, not rebuilt
+    before = dict(cache.counters)
     assert cache.compile_cpp(ADD) == path
     assert len([c for c in builds if "-shared" in c]) == 1
+    assert cache.counters["disk_hits"] == before["disk_hits"] + 1
+    assert cache.counters["builds"] == before["builds"]
     meta = json.loads(path.with_suffix(".json").read_text())
     assert meta["size"] == path.stat().st_size
     assert "-ffast-math" not in meta["flags"] and "-march=native" in meta["flags"]
@@ -105,10 +108,12 @@ def test_corrupt_entry_is_rebuilt(tmp_cache: Path, damage: str,
         meta.unlink()
     else:
         meta.write_text('{"format": 1, "sha2')
-    cache._built.clear()
+    cache._forget()
     builds = _count_builds(monkeypatch)
+    rebuilds = cache.counters["rebuilds"]
     again = cache.compile_cpp(ADD)
     assert again == path and len([c for c in builds if "-shared" in c]) == 1
+    assert cache.counters["rebuilds"] == rebuilds + 1
     assert cache._valid(again, meta)
     lib = ctypes.CDLL(str(again))
     assert lib.add(1, 2) == 3
@@ -179,6 +184,45 @@ def test_concurrent_processes_build_once(tmp_cache: Path, tmp_path: Path) -> Non
     assert len({r[2] for r in results}) == 1
     assert len(_entry_files(tmp_cache, ".so")) == 1
     assert not [p for p in (tmp_cache / "cpp").rglob(".*.tmp")]
+
+
+def test_memo_notices_a_cleared_cache(tmp_cache: Path) -> None:
+    path = cache.compile_cpp(ADD)
+    lib = cache.load_cpp(ADD)
+    for p in path.parent.iterdir():  # as `ember cache clear` in another process would
+        p.unlink()
+    assert cache.compile_cpp(ADD) == path and path.is_file()
+    assert lib.add(2, 2) == 4  # the loaded library is unaffected
+
+
+def test_openmp_kernel_shares_torchs_runtime(tmp_cache: Path) -> None:
+    """Our libraries bind to the libgomp torch loaded: one OpenMP thread pool, not two."""
+    import torch
+
+    src = textwrap.dedent("""
+        #include <omp.h>
+        extern "C" int threads() {
+            int n = 0;
+            #pragma omp parallel
+            {
+                #pragma omp single
+                n = omp_get_num_threads();
+            }
+            return n;
+        }
+        extern "C" void twice(float* __restrict x, long n) {
+            #pragma omp parallel for simd
+            for (long i = 0; i < n; i++) x[i] = x[i] * 2.0f;
+        }
+    """)
+    lib = cache.load_cpp(src)
+    x = torch.randn(1000)
+    y = x.clone()
+    lib.twice(ctypes.c_void_p(y.data_ptr()), ctypes.c_long(y.numel()))
+    assert torch.equal(y, x * 2)
+    assert lib.threads() == torch.get_num_threads()
+    gomp = {ln.split()[-1] for ln in open("/proc/self/maps") if "libgomp" in ln}
+    assert len(gomp) == 1, gomp
 
 
 def test_text_store_round_trip_and_corruption(tmp_cache: Path) -> None:

@@ -49,6 +49,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
@@ -67,6 +68,7 @@ __all__ = [
     "put_text",
     "info",
     "clear",
+    "counters",
 ]
 
 log = logging.getLogger("ember.inductor.cache")
@@ -82,7 +84,13 @@ _NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
 _KINDS = ("cpp", "text")
 _lock = threading.Lock()
 _built: dict[tuple[str, str, tuple[str, ...]], pathlib.Path] = {}
-_loaded: dict[pathlib.Path, ctypes.CDLL] = {}
+_loaded: dict[tuple[str, str, tuple[str, ...]], ctypes.CDLL] = {}
+_by_path: dict[pathlib.Path, ctypes.CDLL] = {}
+
+#: What this process did: ``disk_hits`` (a valid entry found on disk), ``builds`` (compiler
+#: runs), ``rebuilds`` (of those, replacing a corrupt or incomplete entry). A warm start shows
+#: ``builds == 0``. Per-process memo hits are not counted (they are a dictionary lookup).
+counters: dict[str, int] = {"disk_hits": 0, "builds": 0, "rebuilds": 0}
 
 
 class CompileError(ember.EmberError):
@@ -239,12 +247,17 @@ class _FileLock:
 def _build(key: str, source: str, flags: tuple[str, ...]) -> pathlib.Path:
     src, so, meta = _entry(key)
     if _valid(so, meta):
+        counters["disk_hits"] += 1
         return so
     with _FileLock(so.with_suffix(".lock")):
         if _valid(so, meta):  # another process built it while we waited
+            counters["disk_hits"] += 1
             return so
         if so.exists() or meta.exists():
             log.warning("cache entry %s is corrupt or incomplete; rebuilding", so)
+            counters["rebuilds"] += 1
+        counters["builds"] += 1
+        t0 = time.perf_counter()
         _atomic_write(src, source.encode())
         fd, tmp = tempfile.mkstemp(prefix=f".{key}.", suffix=".so.tmp", dir=so.parent)
         os.close(fd)
@@ -266,6 +279,7 @@ def _build(key: str, source: str, flags: tuple[str, ...]) -> pathlib.Path:
         record = {"format": FORMAT_VERSION, "sha256": digest, "size": size,
                   "flags": list(flags), "compiler": _compiler()}
         _atomic_write(meta, json.dumps(record, indent=1).encode())
+        log.debug("built %s (%d bytes) in %.2f s", so, size, time.perf_counter() - t0)
         return so
 
 
@@ -279,7 +293,7 @@ def compile_cpp(source: str, extra_flags: Sequence[str] = ()) -> pathlib.Path:
     flags = tuple(extra_flags)
     memo_key = (str(cache_dir()), source, flags)
     hit = _built.get(memo_key)
-    if hit is not None:
+    if hit is not None and hit.exists():  # (gone if another process cleared the cache)
         return hit
     path = _build(cpp_key(source, flags), source, _flags(flags))
     with _lock:
@@ -301,14 +315,28 @@ def compile_cpp_many(sources: Sequence[str], extra_flags: Sequence[str] = ()) ->
 
 
 def load_cpp(source: str, extra_flags: Sequence[str] = ()) -> ctypes.CDLL:
-    """Build (or find) ``source`` and load it with ctypes; memoized per process."""
+    """Build (or find) ``source`` and load it with ctypes; memoized per process (a loaded
+    library stays usable even if its cache entry is later removed).
+
+    The library is linked against ``libgomp.so.1``; torch is imported first (by ember), so the
+    dynamic linker binds it to the OpenMP runtime torch already loaded: one thread pool for
+    torch's kernels and ours, not two competing for the cores.
+    """
+    memo_key = (str(cache_dir()), source, tuple(extra_flags))
+    lib = _loaded.get(memo_key)
+    if lib is not None:
+        return lib
     path = compile_cpp(source, extra_flags)
-    lib = _loaded.get(path)
-    if lib is None:
-        with _lock:
-            lib = _loaded.get(path)
-            if lib is None:
-                lib = _loaded[path] = ctypes.CDLL(str(path))
+    with _lock:
+        lib = _by_path.get(path)
+        if lib is None:
+            try:
+                lib = ctypes.CDLL(str(path))
+            except OSError as e:
+                raise CompileError(f"built library {path} does not load: {e}\n"
+                                   f"  source: {path.with_suffix('.cpp')}") from e
+            _by_path[path] = lib
+        _loaded[memo_key] = lib
     return lib
 
 
@@ -396,6 +424,13 @@ def clear() -> int:
                 except OSError:
                     pass
         shutil.rmtree(base, ignore_errors=True)
+    _forget()
+    return removed
+
+
+def _forget() -> None:
+    """Drop the per-process memo (the next call looks at the disk again, as a fresh process
+    would); libraries already loaded stay loaded."""
     with _lock:
         _built.clear()
-    return removed
+        _loaded.clear()
