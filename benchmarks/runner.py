@@ -280,6 +280,9 @@ def _run_probes(rows: list[Row], cfg: RunConfig, progress: Progress, t_start: fl
                     progress(f"{r.model} · {r.backend}: {kind} compile probe: {ans['error']}")
                     break
                 setattr(r, f"{kind}_compile_s", ans["compile_s"])
+                if kind == "warm" and ans.get("cache_builds"):
+                    r.add_note(f"warm probe built {ans['cache_builds']} kernel librar(ies): "
+                               "a cache miss on a warm start")
                 if ans.get("note") and ans["note"] not in r.note:
                     r.add_note(f"{kind} probe: {ans['note']}")
                 progress(f"{r.model} · {r.backend}: {kind} compile {ans['compile_s']:.2f} s")
@@ -351,9 +354,22 @@ def probe(model: str, backend: str, device: str, mode: str, size: str, amp: bool
     sync()
     first = time.perf_counter() - t0
     stats.stop()
-    return {"compile_s": max(first - eager_s, 0.0), "first_call_s": first, "eager_s": eager_s,
-            "graphs": stats.graphs, "graph_breaks": stats.breaks,
-            "note": "; ".join(stats.notes)}
+    ans = {"compile_s": max(first - eager_s, 0.0), "first_call_s": first, "eager_s": eager_s,
+           "graphs": stats.graphs, "graph_breaks": stats.breaks,
+           "note": "; ".join(stats.notes)}
+    ans.update(_ember_cache_counters())
+    return ans
+
+
+def _ember_cache_counters() -> dict[str, int]:
+    """Kernel builds and on-disk hits of Ember's inductor cache in this process (a warm probe
+    should build nothing); empty when the plugin was not used."""
+    import sys
+
+    mod = sys.modules.get("ember_inductor.runtime.cache")
+    if mod is None:
+        return {}
+    return {"cache_builds": mod.counters["builds"], "cache_disk_hits": mod.counters["disk_hits"]}
 
 
 def probe_json(**kw: Any) -> str:
