@@ -119,3 +119,48 @@ def test_det_of_empty_matrix_gradient():
     _compile(fn)(xc).backward()
     assert xc.grad is not None and xe.grad is not None
     torch.testing.assert_close(xc.grad, xe.grad)
+
+
+# -- data-dependent shapes ---------------------------------------------------------------------
+
+def _masked_assign(x, m, v):
+    y = x.clone()
+    y[m] = v  # index_put with a bool mask: its backward needs nonzero (a data-dependent shape)
+    return y * 2
+
+
+def test_data_dependent_backward_runs_eagerly_with_a_clear_reason(caplog):
+    import logging
+
+    m = torch.tensor([True, False, True, False, True])
+    x, v = torch.randn(5, requires_grad=True), torch.randn(3, requires_grad=True)
+    with ember.config.patch(suppress_errors=True), caplog.at_level(logging.INFO, "ember"):
+        out = _compile(_masked_assign)(x, m, v)
+    assert any("data-dependent shape" in r.getMessage() for r in caplog.records)
+    out.sum().backward()
+    xe, ve = x.detach().clone().requires_grad_(), v.detach().clone().requires_grad_()
+    _masked_assign(xe, m, ve).sum().backward()
+    torch.testing.assert_close(x.grad, xe.grad)
+    torch.testing.assert_close(v.grad, ve.grad)
+
+
+def _index_put(x, m, v):
+    return (torch.index_put(x, (m,), v) * 2,)
+
+
+def test_variant_that_cannot_be_traced_runs_the_graph_eagerly(caplog):
+    from aot_util import compile_fn
+
+    m = torch.tensor([True, False, True, False, True])
+    x, v = torch.randn(5), torch.randn(3)
+    compiled = compile_fn(_index_put, [x, m, v])  # inference variant: traces fine
+    torch.testing.assert_close(compiled(x, m, v), _index_put(x, m, v))
+    xg, vg = x.clone().requires_grad_(), v.clone().requires_grad_()
+    out = compiled(xg, m, vg)[0]  # training variant: data-dependent backward -> eager graph
+    assert any("running it eagerly" in r.getMessage() for r in caplog.records)
+    torch.testing.assert_close(out, _index_put(x, m, v)[0])
+    out.sum().backward()
+    xe, ve = x.clone().requires_grad_(), v.clone().requires_grad_()
+    _index_put(xe, m, ve)[0].sum().backward()
+    torch.testing.assert_close(xg.grad, xe.grad)
+    torch.testing.assert_close(vg.grad, ve.grad)

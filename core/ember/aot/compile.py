@@ -36,6 +36,23 @@ def _readable(gm: torch.fx.GraphModule) -> str:
     return gm.print_readable(print_output=False)
 
 
+class _RunEagerly:
+    """A variant that could not be traced (data-dependent shapes in its backward, say)."""
+
+    def __init__(self, gm: torch.fx.GraphModule):
+        self.gm = gm
+
+
+def _data_dependent(e: BaseException) -> str | None:
+    """The op whose output shape or value depends on tensor data, if ``e`` says so."""
+    from torch._subclasses.fake_tensor import (DataDependentOutputException,
+                                               DynamicOutputShapeException)
+
+    if isinstance(e, (DynamicOutputShapeException, DataDependentOutputException)):
+        return str(e.func) if getattr(e, "func", None) is not None else str(e)
+    return None
+
+
 class AOTCompiled:
     """The callable ``aot_compile`` returns. Takes the graph's inputs positionally, returns its
     outputs. Variants (training for a given ``requires_grad`` pattern, inference) are compiled on
@@ -62,7 +79,7 @@ class AOTCompiled:
                 return rg
         return "inference"
 
-    def _key_and_build(self, args: Sequence[Any]) -> Any:
+    def _key_and_build(self, args: Sequence[Any], first: bool = True) -> Any:
         tensors = [args[i] for i in self.tensor_idx]
         key = self._key(tensors)
         v = self._variants.get(key)
@@ -70,12 +87,24 @@ class AOTCompiled:
             with self._lock:
                 v = self._variants.get(key)
                 if v is None:
-                    v = self._build(key, args, tensors)
+                    try:
+                        v = self._build(key, args, tensors)
+                    except Exception as e:
+                        if first:  # the caller (compile_graph) reports it and runs eagerly
+                            raise
+                        # A variant built at call time (a new requires_grad pattern) that cannot
+                        # be traced runs the captured graph as is: correct, not compiled.
+                        log.warning("ember: AOT autograd cannot compile this graph for "
+                                    "requires_grad=%s; running it eagerly: %s: %s", key,
+                                    type(e).__name__, e)
+                        v = _RunEagerly(self.gm)
                     self._variants[key] = v
         return v, tensors
 
     def __call__(self, *args: Any) -> Any:
-        v, tensors = self._key_and_build(args)
+        v, tensors = self._key_and_build(args, first=False)
+        if isinstance(v, _RunEagerly):
+            return v.gm(*args)
         return v(tensors)
 
     # -- building ------------------------------------------------------------------------
@@ -135,7 +164,15 @@ class AOTCompiled:
             training = False  # nothing to differentiate: no joint trace needed
         detached = [t.detach() for t in tensors]
         if not training:
-            fw_gm = trace_forward(fn, tensors, info, self._decomps)
+            try:
+                fw_gm = trace_forward(fn, tensors, info, self._decomps)
+            except Exception as e:
+                op = _data_dependent(e)
+                if op is None:
+                    raise
+                raise RuntimeError(
+                    f"data-dependent shape in the forward graph ({op}: its output's size depends "
+                    "on tensor values); AOT autograd traces static shapes") from e
             _set_global_state(state)
             self._log("inference forward", fw_gm)
             t1 = time.perf_counter()
@@ -145,7 +182,15 @@ class AOTCompiled:
             runtime.graph = fw_gm
             return runtime
 
-        joint, n_tangents = trace_joint(fn, tensors, rg, info, self._decomps)
+        try:
+            joint, n_tangents = trace_joint(fn, tensors, rg, info, self._decomps)
+        except Exception as e:
+            op = _data_dependent(e)
+            if op is None:
+                raise
+            raise RuntimeError(
+                f"data-dependent shape in the joint forward/backward graph ({op}: its output's "
+                "size depends on tensor values); AOT autograd traces static shapes") from e
         _set_global_state(state)
         n_fwd = len(info.graph_out_flat) + len(info.mutated)
         part = partition_joint(joint, len(tensors), n_fwd, set(info.mutated))
