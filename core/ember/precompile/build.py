@@ -370,6 +370,10 @@ def _graph_code(name: str, gm: torch.fx.GraphModule, fn: Any, backend: str
                 ) -> tuple[str, dict[str, bytes], str]:
     """(source defining ``make_{name}(cache)``, cache entries, how it runs)."""
     hook = getattr(fn, "ember_precompile", None)
+    if hook is None:
+        from .adapters import adapter_for
+
+        hook = adapter_for(gm, fn, backend, {})
     if hook is not None:
         fragment, entries = hook(name)
         entries = {f"{name}/{k}": bytes(v) for k, v in dict(entries).items()}
@@ -486,6 +490,14 @@ def _state_line() -> str:
     ac = [(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in ("cpu", "cuda")]
     return (f"_rt.check_state({torch.is_grad_enabled()}, {torch.get_default_dtype()!r}, "
             f"{ac!r})")
+
+
+def _platform(backend: str) -> dict[str, Any]:
+    """What cached binaries need from the machine that loads them (compared by load)."""
+    from .runtime import cpu_flags
+
+    return {"torch": torch.__version__, "machine": platform.machine(), "backend": backend,
+            "cpu_flags_sha256": container.sha256(cpu_flags())}
 
 
 def _describe(fn: Any) -> str:
@@ -619,6 +631,5 @@ def precompile(fn: Any, *example_inputs: Any, backend: str | Backend = "aot_eage
         raise PrecompileError(f"ember.precompile generated invalid source at line {e.lineno}: "
                               f"{source.splitlines()[(e.lineno or 1) - 1]!r}") from e
     cache = container.pack(entries, source_sha256=container.sha256(source),
-                           platform={"torch": torch.__version__, "machine": platform.machine(),
-                                     "backend": be.name})
+                           platform=_platform(be.name))
     return Artifact(source, cache, meta)

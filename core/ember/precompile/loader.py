@@ -73,6 +73,10 @@ def _cache_fits(plat: dict[str, Any]) -> str | None:
         return f"built with torch {plat.get('torch')}, this is torch {torch.__version__}"
     if plat.get("machine") != platform.machine():
         return f"built on {plat.get('machine')}, this machine is {platform.machine()}"
+    from .runtime import cpu_flags
+
+    if "cpu_flags_sha256" in plat and plat["cpu_flags_sha256"] != container.sha256(cpu_flags()):
+        return "built on a CPU with another instruction set"
     return None
 
 

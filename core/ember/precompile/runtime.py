@@ -163,3 +163,36 @@ class Constants:
 
     def __init__(self, **values: Any):
         self.__dict__.update(values)
+
+
+_loaded_libraries: list[Any] = []
+
+
+def load_shared_library(data: bytes, name: str = "kernels") -> Any:
+    """Load a shared library from the artifact's cache bytes with ctypes (written to a private
+    temporary file, unlinked once loaded; the library stays mapped for the process)."""
+    import ctypes
+    import os
+    import tempfile
+
+    fd, path = tempfile.mkstemp(prefix=f"ember-precompiled-{name}-", suffix=".so")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        lib = ctypes.CDLL(path)
+    finally:
+        os.unlink(path)
+    _loaded_libraries.append(lib)
+    return lib
+
+
+def cpu_flags() -> str:
+    """The CPU's instruction-set flags (Linux /proc/cpuinfo), part of a cache's platform."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return " ".join(sorted(line.split(":", 1)[1].split()))
+    except OSError:
+        pass
+    return ""
