@@ -1,0 +1,491 @@
+"""An op-level sweep over PyTorch's OpInfo database through Ember (and torch.compile, the oracle).
+
+For each OpInfo (float32 samples on CPU; gradients when the op supports autograd) and a bounded
+number of its samples, a small function ``f(t0, t1, ...)`` calling the op on the sample's tensors
+(non-tensor arguments baked in as constants) is compiled and run, and its outputs (and input
+gradients for a fixed set of output cotangents) are compared with eager's. Each sample is
+classified as
+
+* ``right``: compiled, same results as eager;
+* ``wrong``: a result differs from eager (value, dtype, shape, a gradient None where eager gives a
+  tensor or the reverse, a FakeTensor leaking out). Must be 0;
+* ``fallback``: Ember ran (part of) the function eagerly (a fallback or a graph break): the results
+  are right but the op was not compiled;
+* ``error``: the compiled function raised where eager did not;
+* ``random``: a random op whose draws differ from eager's under the same seed (outputs' metadata
+  match; torch.compile does not reproduce eager's random stream either): not counted as wrong;
+* ``skip``: eager itself raises on the sample.
+
+Run as a script (the full sweep, or the oracle)::
+
+    .venv/bin/python tests/opinfo/sweep.py --backends eager,aot_eager --samples 3
+    .venv/bin/python tests/opinfo/sweep.py --oracle aot_eager --samples 3   # rewrites oracle.json
+
+The oracle (what torch.compile gets right on the same samples) is precomputed into
+``tests/opinfo/oracle.json``: running torch.compile over op_db in CI is too slow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import dataclasses
+import itertools
+import json
+import math
+import os
+import signal
+import sys
+import time
+import warnings
+import zlib
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+HERE = Path(__file__).resolve().parent
+ORACLE = HERE / "oracle.json"
+DTYPE = torch.float32
+#: Ops whose outputs hold uninitialized memory: only their metadata is compared.
+UNDEFINED_VALUES = {"empty", "empty_like", "empty_strided", "empty_permuted", "new_empty",
+                    "new_empty_strided"}
+
+
+# -- the cases -------------------------------------------------------------------------------
+
+def op_key(op: Any) -> str:
+    return f"{op.name}.{op.variant_test_name}" if op.variant_test_name else op.name
+
+
+@dataclasses.dataclass
+class Case:
+    key: str  # "<op>[.<variant>]#<sample index>"
+    op_key: str
+    fn_source: str
+    fn_globals: dict[str, Any]
+    tensors: list[torch.Tensor]
+    grad: bool  # compare input gradients too
+    output_process: Callable[[Any], Any]
+
+    def make_fn(self) -> Callable[..., Any]:
+        """A fresh function (fresh code object: no compile cache shared across cases)."""
+        ns = dict(self.fn_globals)
+        code = compile(self.fn_source, f"<opinfo {self.key}>", "exec")
+        exec(code, ns)
+        return ns["f"]
+
+    def inputs(self) -> list[torch.Tensor]:
+        """Fresh copies of the inputs (ops may mutate them), leaves that require grad as the
+        sample's do."""
+        out = []
+        for t in self.tensors:
+            c = t.detach().clone()
+            if t.requires_grad:
+                c.requires_grad_(True)
+            out.append(c)
+        return out
+
+
+def _build_source(sample: Any) -> tuple[str, dict[str, Any], list[torch.Tensor]]:
+    tensors: list[torch.Tensor] = []
+    consts: dict[str, Any] = {}
+
+    def expr(v: Any) -> str:
+        if isinstance(v, torch.Tensor):
+            tensors.append(v)
+            return f"t{len(tensors) - 1}"
+        if isinstance(v, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in
+                                                pytree.tree_leaves(v)):
+            inner = ", ".join(expr(x) for x in v)
+            return f"[{inner}]" if isinstance(v, list) else f"({inner},)"
+        name = f"c{len(consts)}"
+        consts[name] = v
+        return name
+
+    parts = [expr(sample.input)] + [expr(a) for a in sample.args]
+    parts += [f"{k}={expr(v)}" for k, v in sample.kwargs.items()]
+    params = ", ".join(f"t{i}" for i in range(len(tensors)))
+    src = f"def f({params}):\n    return OP({', '.join(parts)})\n"
+    return src, consts, tensors
+
+
+def selected_ops(names: set[str] | None = None) -> list[Any]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from torch.testing._internal.common_methods_invocations import op_db
+    ops = [op for op in op_db if DTYPE in op.supported_dtypes("cpu")]
+    if names:
+        ops = [op for op in ops if op_key(op) in names or op.name in names]
+    return ops
+
+
+def cases_for(op: Any, n_samples: int) -> Iterator[Case]:
+    """The first ``n_samples`` samples of ``op``, generated under a seed derived from its name (the
+    same samples on every run with the same torch)."""
+    key = op_key(op)
+    torch.manual_seed(zlib.crc32(key.encode()))
+    grad = bool(op.supports_autograd)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        gen = op.sample_inputs("cpu", DTYPE, requires_grad=grad)
+        samples = list(itertools.islice(gen, n_samples))
+    for i, s in enumerate(samples):
+        src, consts, tensors = _build_source(s)
+        consts["OP"] = op.op
+        yield Case(f"{key}#{i}", key, src, consts, tensors,
+                   grad and any(t.requires_grad for t in tensors),
+                   s.output_process_fn_grad)
+
+
+# -- running and comparing ------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Run:
+    outputs: Any = None
+    grads: list[Any] | None = None
+    error: BaseException | None = None
+
+
+def _grad_outputs(outs: list[torch.Tensor]) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(1234)
+    return [torch.randn(o.shape, generator=g, dtype=torch.float64).to(o.dtype) if not o.is_complex()
+            else torch.randn(o.shape, generator=g, dtype=o.dtype) for o in outs]
+
+
+def run_case(case: Case, fn: Callable[..., Any], seed: int = 0) -> Run:
+    xs = case.inputs()
+    torch.manual_seed(seed)
+    try:
+        out = fn(*xs)
+    except Exception as e:  # noqa: BLE001 - classified by the caller
+        return Run(error=e)
+    r = Run(outputs=out)
+    if case.grad:
+        try:
+            processed = case.output_process(out)
+            diff = [o for o in pytree.tree_leaves(processed)
+                    if isinstance(o, torch.Tensor) and o.requires_grad]
+            leaves = [x for x in xs if x.requires_grad]
+            if diff and leaves:
+                r.grads = list(torch.autograd.grad(diff, leaves, _grad_outputs(diff),
+                                                   allow_unused=True))
+            else:
+                r.grads = []
+        except Exception as e:  # noqa: BLE001
+            r.error = e
+    return r
+
+
+def _is_fake(t: Any) -> bool:
+    from torch._subclasses import FakeTensor
+    from torch._subclasses.functional_tensor import FunctionalTensor
+
+    return isinstance(t, (FakeTensor, FunctionalTensor))
+
+
+def compare(actual: Any, expected: Any, what: str, values: bool = True) -> str | None:
+    """None when equal (torch.testing tolerances), else the first difference."""
+    fa, sa = pytree.tree_flatten(actual)
+    fe, se = pytree.tree_flatten(expected)
+    if len(fa) != len(fe):
+        return f"{what}: {len(fa)} leaves, eager has {len(fe)}"
+    for i, (a, e) in enumerate(zip(fa, fe)):
+        where = f"{what}[{i}]"
+        if _is_fake(a):
+            return f"{where}: a {type(a).__name__} reached the user"
+        if isinstance(e, torch.Tensor) or isinstance(a, torch.Tensor):
+            if not (isinstance(e, torch.Tensor) and isinstance(a, torch.Tensor)):
+                return f"{where}: {type(a).__name__}, eager gives {type(e).__name__}"
+            if a.dtype != e.dtype or a.shape != e.shape:
+                return f"{where}: {a.dtype}{list(a.shape)}, eager {e.dtype}{list(e.shape)}"
+            if not values or e.is_sparse or e.layout != torch.strided:
+                continue
+            try:
+                torch.testing.assert_close(a.detach(), e.detach(), equal_nan=True)
+            except AssertionError as err:
+                msg = str(err).strip().splitlines()
+                return f"{where}: " + " ".join(m.strip() for m in msg[:3])
+        elif e is None or a is None:
+            if (a is None) != (e is None):
+                return f"{where}: {a!r}, eager gives {e!r}"
+        elif isinstance(e, float) and isinstance(a, float):
+            if not (a == e or (math.isnan(a) and math.isnan(e))) and values:
+                return f"{where}: {a!r}, eager gives {e!r}"
+        elif values and a != e:
+            return f"{where}: {a!r}, eager gives {e!r}"
+    return None
+
+
+def _grads_differ(a: list[Any], e: list[Any]) -> str | None:
+    for i, (x, y) in enumerate(zip(a, e)):
+        if (x is None) != (y is None):
+            z = x if x is not None else y
+            zeros = " (all zeros)" if bool((z == 0).all()) else ""
+            return (f"grad[{i}]: {'None' if x is None else 'tensor' + zeros}, eager gives "
+                    f"{'None' if y is None else 'tensor' + zeros}")
+    return compare(a, e, "grad")
+
+
+@dataclasses.dataclass
+class Result:
+    status: str  # right | wrong | fallback | error | random | skip
+    reason: str = ""
+    seconds: float = 0.0
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float | None) -> Iterator[None]:
+    if not seconds or not hasattr(signal, "SIGALRM") or os.name != "posix":
+        yield
+        return
+
+    def on_alarm(*_: Any) -> None:
+        raise TimeoutError(f"sample took over {seconds:.0f}s")
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _short(e: BaseException) -> str:
+    lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+    return f"{type(e).__name__}: {lines[0][:300] if lines else ''}"
+
+
+class _SeededOps(TorchDispatchMode):
+    """Notes whether any kernel that draws random numbers runs."""
+
+    found = False
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if torch.Tag.nondeterministic_seeded in getattr(func, "tags", ()):
+            self.found = True
+        return func(*args, **(kwargs or {}))
+
+
+def _eager_reference(case: Case) -> tuple[Run, bool, bool]:
+    """Eager results, whether they are deterministic at all (empty/uninitialized values are not),
+    and whether the op draws random numbers (results change with the seed)."""
+    fn = case.make_fn()
+    ref = run_case(case, fn, seed=0)
+    if ref.error is not None:
+        return ref, True, False
+    if case.op_key.split(".")[0] in UNDEFINED_VALUES:
+        return ref, False, False
+    again = run_case(case, fn, seed=0)
+    deterministic = (again.error is None and compare(again.outputs, ref.outputs, "out") is None
+                     and (not case.grad or _grads_differ(again.grads or [], ref.grads or []) is None))
+    seeded = _SeededOps()
+    with seeded:
+        run_case(case, fn, seed=0)
+    random_op = deterministic and seeded.found
+    return ref, deterministic, random_op
+
+
+def judge(case: Case, compiled: Callable[..., Any], ref: Run, deterministic: bool,
+          random_op: bool) -> tuple[str, str]:
+    got = run_case(case, compiled, seed=0)
+    if got.error is not None:
+        return "error", _short(got.error)
+    values = deterministic
+    diff = compare(got.outputs, ref.outputs, "out", values=values)
+    if diff is None and case.grad:
+        if len(got.grads or []) != len(ref.grads or []):
+            diff = f"grads: {len(got.grads or [])}, eager {len(ref.grads or [])}"
+        else:
+            diff = _grads_differ(got.grads or [], ref.grads or [])
+            if diff is not None and not values and "None" not in diff:
+                diff = None
+    if diff is not None:
+        if random_op and compare(got.outputs, ref.outputs, "out", values=False) is None:
+            return "random", diff
+        return "wrong", diff
+    return "right", ""
+
+
+def direct_aot(fn: Callable[..., Any], backend: str) -> Callable[..., Any]:
+    """AOT autograd without Ember's capture (a diagnostic: isolates AOT bugs from capture gaps).
+    The function is traced to an ATen graph with make_fx on the first call's (real) inputs; that
+    graph goes through ``ember.aot.aot_compile`` as a captured graph would."""
+    import ember
+    from ember.aot import aot_compile
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    state: dict[str, Any] = {}
+
+    def call(*xs: Any) -> Any:
+        if "compiled" not in state:
+            def flat(*ts: Any) -> Any:
+                out, spec = pytree.tree_flatten(fn(*ts))
+                state["spec"] = spec
+                return tuple(out)
+            with torch.no_grad():
+                gm = make_fx(flat)(*[x.detach() for x in xs])
+            state["compiled"] = aot_compile(gm, list(xs), backend=ember.get_backend(backend))
+        return pytree.tree_unflatten(list(state["compiled"](*xs)), state["spec"])
+
+    return call
+
+
+def make_compiled(case: Case, backend: str) -> Callable[..., Any]:
+    """``backend``: an Ember backend name, or ``aot:<name>`` for AOT autograd without capture."""
+    import ember
+
+    if backend.startswith("aot:"):
+        return direct_aot(case.make_fn(), backend[4:])
+    return ember.compile(case.make_fn(), backend=backend)
+
+
+def run_ember(case: Case, backend: str, ref_info: tuple[Run, bool, bool] | None = None,
+              time_limit: float | None = None) -> Result:
+    import ember
+    from ember import events
+
+    t0 = time.perf_counter()
+    ref, det, rnd = ref_info or _eager_reference(case)
+    if ref.error is not None:
+        return Result("skip", "eager raises: " + _short(ref.error))
+    ember.reset()
+    seen: list[tuple[str, str]] = []
+    emit = events.emit
+
+    def spy(kind: str, **data: Any) -> None:
+        if kind in ("fallback", "graph_break"):
+            seen.append((kind, str(data.get("reason", ""))))
+        emit(kind, **data)
+
+    events.emit = spy
+    try:
+        with _time_limit(time_limit):
+            status, reason = judge(case, make_compiled(case, backend), ref, det, rnd)
+    except TimeoutError as e:
+        status, reason = "error", str(e)
+    finally:
+        events.emit = emit
+    if status == "right" and seen:
+        kind, why = seen[0]
+        status, reason = "fallback", f"{kind}: {why.splitlines()[0] if why else ''}"[:400]
+    ember.reset()
+    return Result(status, reason, time.perf_counter() - t0)
+
+
+def run_torch(case: Case, backend: str, ref_info: tuple[Run, bool, bool] | None = None,
+              time_limit: float | None = None) -> Result:
+    """torch.compile on the same case (the oracle). Graph breaks are allowed (torch.compile's
+    result counts as right when it is right)."""
+    import torch._dynamo
+
+    t0 = time.perf_counter()
+    ref, det, rnd = ref_info or _eager_reference(case)
+    if ref.error is not None:
+        return Result("skip", "eager raises: " + _short(ref.error))
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        with _time_limit(time_limit):
+            status, reason = judge(case, torch.compile(case.make_fn(), backend=backend), ref, det,
+                                   rnd)
+    except TimeoutError as e:
+        status, reason = "error", str(e)
+    breaks = sum(counters["graph_break"].values())
+    if status == "right" and (breaks or not counters["stats"]["unique_graphs"]):
+        why = next(iter(counters["graph_break"]), "no graph compiled")
+        status, reason = "fallback", f"graph_break: {why}"[:400]
+    return Result(status, reason, time.perf_counter() - t0)
+
+
+# -- the oracle ------------------------------------------------------------------------------
+
+def load_oracle() -> dict[str, Any]:
+    if not ORACLE.exists():
+        return {"results": {}}
+    return json.loads(ORACLE.read_text())
+
+
+# -- script ------------------------------------------------------------------------------------
+
+def _sweep(args: argparse.Namespace) -> int:
+    names = set(args.ops.split(",")) if args.ops else None
+    ops = selected_ops(names)
+    if args.shard:
+        k, n = (int(x) for x in args.shard.split("/"))
+        ops = ops[k::n]
+    backends = [b for b in args.backends.split(",") if b] if args.backends else []
+    oracle_backends = [b for b in args.oracle.split(",") if b] if args.oracle else []
+    results: dict[str, dict[str, Any]] = {}
+    totals = {b: collections.Counter() for b in backends + [f"torch:{b}" for b in oracle_backends]}
+    t_start = time.perf_counter()
+    for op in ops:
+        try:
+            cases = list(cases_for(op, args.samples))
+        except Exception as e:  # noqa: BLE001 - a broken sample generator is not ours
+            print(f"# {op_key(op)}: samples failed: {_short(e)}", file=sys.stderr)
+            continue
+        for case in cases:
+            row: dict[str, Any] = {}
+            try:
+                ref_info = _eager_reference(case)
+            except Exception as e:  # noqa: BLE001
+                print(f"# {case.key}: eager reference failed: {_short(e)}", file=sys.stderr)
+                continue
+            for b in backends:
+                r = run_ember(case, b, ref_info, args.time_limit)
+                row[b] = dataclasses.asdict(r)
+                totals[b][r.status] += 1
+            for b in oracle_backends:
+                try:
+                    r = run_torch(case, b, ref_info, args.time_limit)
+                except Exception as e:  # noqa: BLE001 - dynamo crash: no oracle for the sample
+                    r = Result("error", "torch.compile crashed: " + _short(e))
+                row[f"torch:{b}"] = dataclasses.asdict(r)
+                totals[f"torch:{b}"][r.status] += 1
+            results[case.key] = row
+            if args.verbose:
+                print(case.key, {k: v["status"] for k, v in row.items()}, flush=True)
+    elapsed = time.perf_counter() - t_start
+    for b, c in totals.items():
+        print(f"{b}: {dict(c)}  ({sum(c.values())} samples)")
+    print(f"elapsed: {elapsed:.0f}s")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"torch": torch.__version__, "samples": args.samples,
+                                              "results": results}, indent=0, sort_keys=True))
+    if args.write_oracle:
+        old = load_oracle()
+        merged = old.get("results", {})
+        for key, row in results.items():
+            entry = merged.setdefault(key, {})
+            for b in oracle_backends:
+                r = row[f"torch:{b}"]
+                entry[b] = r["status"] if not r["reason"] else [r["status"], r["reason"][:200]]
+        ORACLE.write_text(json.dumps({"torch": torch.__version__, "samples": args.samples,
+                                      "results": merged}, indent=0, sort_keys=True) + "\n")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--backends", default="", help="Ember backends, comma-separated")
+    p.add_argument("--oracle", default="", help="torch.compile backends to run as the oracle")
+    p.add_argument("--write-oracle", action="store_true", help="merge the oracle into oracle.json")
+    p.add_argument("--samples", type=int, default=3, help="samples per op")
+    p.add_argument("--ops", default="", help="only these ops (comma-separated names)")
+    p.add_argument("--shard", default="", help="k/n: every n-th op starting at k")
+    p.add_argument("--time-limit", type=float, default=60.0, help="seconds per sample")
+    p.add_argument("--out", default="", help="write every result to this JSON file")
+    p.add_argument("-v", "--verbose", action="store_true")
+    args = p.parse_args(argv)
+    return _sweep(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""The OpInfo sweep in CI: every float32 OpInfo's first sample(s), through each backend in
+``EMBER_OPINFO_BACKENDS`` (default ``eager,aot_eager``; ``EMBER_OPINFO_BACKENDS=aot_eager,inductor``
+runs the same sweep on inductor), compared with eager (outputs and input gradients).
+
+A sample must come out right, or fall back to eager with a reason (counted, not a failure), or be
+a random op whose draws differ from eager's. A wrong result or an error fails the test, except
+for the differences listed with their reason in ``known.json`` (regenerated with
+``sweep.py --write-known``; docs/opinfo.md lists them): those are strict xfails, so a fix makes
+the test fail until the list is updated. ``EMBER_OPINFO_SAMPLES`` (default 1) samples per op;
+``tests/opinfo/sweep.py`` runs the full sweep and the torch.compile oracle.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import sweep  # noqa: E402
+
+BACKENDS = [b for b in os.environ.get("EMBER_OPINFO_BACKENDS", "eager,aot_eager").split(",") if b]
+SAMPLES = int(os.environ.get("EMBER_OPINFO_SAMPLES", "1"))
+KNOWN = json.loads((HERE / "known.json").read_text()) if (HERE / "known.json").exists() else {}
+OK = {"right", "fallback", "random", "skip"}
+
+
+def _ops():
+    return {sweep.op_key(op): op for op in sweep.selected_ops()}
+
+
+OPS = _ops()
+
+
+def _params():
+    out = []
+    for b in BACKENDS:
+        known = KNOWN.get(b, {})
+        for key in OPS:
+            listed = {k: v for k, v in known.items() if k.rsplit("#", 1)[0] == key
+                      and int(k.rsplit("#", 1)[1]) < SAMPLES}
+            marks = []
+            if listed:
+                why = "; ".join(f"{k}: {v[0]}: {v[1]}" for k, v in sorted(listed.items()))
+                marks.append(pytest.mark.xfail(strict=True, reason=why[:500]))
+            out.append(pytest.param(b, key, marks=marks, id=f"{b}-{key}"))
+    return out
+
+
+@pytest.mark.parametrize("backend,key", _params())
+def test_opinfo(backend, key):
+    bad = []
+    for case in sweep.cases_for(OPS[key], SAMPLES):
+        r = sweep.run_ember(case, backend, time_limit=60)
+        if r.status not in OK:
+            bad.append(f"{case.key}: {r.status}: {r.reason}")
+    assert not bad, "\n".join(bad)
+
+
+def test_oracle_covers_the_ci_samples():
+    oracle = sweep.load_oracle()["results"]
+    missing = [k for k in OPS if f"{k}#0" not in oracle]
+    assert len(missing) <= len(OPS) // 50, f"oracle.json lacks {len(missing)} ops: {missing[:20]}"
