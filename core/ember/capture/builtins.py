@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import copy
 import enum
 import inspect
 import operator
@@ -191,7 +192,80 @@ def copy_var(tr: Any, v: Var, deep: bool) -> Var:
     if isinstance(v, DictVar):
         return DictVar({k: copy_var(tr, i, deep) if deep else i for k, i in v.items.items()},
                        cls=v.cls)
+    if isinstance(v, ObjectVar) and _guard_plain_state(tr, v):
+        # A configuration-like object (no tensors, modules or callables in its state): copied
+        # for real while tracing; the guard pins the state the copy was made from.
+        new = copy.deepcopy(v.value) if deep else copy.copy(v.value)
+        tr.owned_objects.add(id(new))
+        return tr.wrap(new, None)
     raise Unsupported(f"copy of {v.describe()}")
+
+
+def _guard_plain_state(tr: Any, v: ObjectVar) -> bool:
+    """Guard the whole state of a plain-data object (``__dict__`` equal to a snapshot); False
+    (nothing guarded) when it is not plain data, has pending stores or does not compare equal
+    to its own copy."""
+    value = v.value
+    if id(value) in tr.pending_attrs or not _plain_state(value, 6):
+        return False
+    snapshot = copy.deepcopy(value.__dict__)
+    if snapshot != value.__dict__:
+        return False
+    if v.source is not None:
+        tr.out.guards.add(f"({v.source}).__dict__ == {tr.out.ns(snapshot, 'state')}")
+    return True
+
+
+def fold_config_method(tr: Any, f: types.FunctionType, args: list[Var],
+                       kwargs: dict[str, Var]) -> Var | None:
+    """A method of a configuration object (a class named ``...Config`` holding only plain data,
+    e.g. a Hugging Face ``PretrainedConfig``) called with constant arguments is evaluated while
+    tracing, under a guard on the object's whole state; None when that does not apply. Such
+    methods copy and rebuild the configuration (``get_text_config``), which is cheap to run and
+    expensive to trace."""
+    if not args or not isinstance(args[0], ObjectVar):
+        return None
+    obj = args[0]
+    value = obj.value
+    if not type(value).__name__.endswith("Config") or \
+            not all(a.is_const() for a in args[1:]) or \
+            not all(a.is_const() for a in kwargs.values()):
+        return None
+    if not _plain_state(value, 6):
+        return None
+    before = copy.deepcopy(value.__dict__)
+    try:
+        result = f(value, *[a.as_const() for a in args[1:]],
+                   **{k: a.as_const() for k, a in kwargs.items()})
+    except Exception:
+        return None
+    if value.__dict__ != before:  # it changed the object: not a pure read
+        value.__dict__.clear()
+        value.__dict__.update(before)
+        return None
+    if result is not value and not _plain_state(result, 6):
+        return None
+    if not _guard_plain_state(tr, obj):
+        return None
+    return obj if result is value else tr.wrap(result, None)
+
+
+def _plain_state(value: Any, depth: int) -> bool:
+    """Is ``value`` plain data: constants, containers of them, objects whose ``__dict__`` is?"""
+    if value is None or isinstance(value, (bool, int, float, str, bytes, torch.dtype,
+                                           torch.device, type)):
+        return True
+    if depth == 0 or isinstance(value, (torch.Tensor, torch.nn.Module)) or \
+            isinstance(value, (types.FunctionType, types.MethodType)):
+        return False
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return all(_plain_state(x, depth - 1) for x in value)
+    if isinstance(value, dict):
+        return all(_plain_state(k, depth - 1) and _plain_state(x, depth - 1)
+                   for k, x in value.items())
+    d = getattr(value, "__dict__", None)
+    return isinstance(d, dict) and type(value).__module__ != "builtins" and \
+        _plain_state(d, depth - 1)
 
 
 def real_value(v: Var) -> Any:

@@ -18,6 +18,7 @@ import logging
 import operator
 import sys
 import types
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -108,6 +109,8 @@ class Tracer:
         self.collect_breaks: list[Unsupported] | None = None
         #: the exception an ``except`` clause being traced handles (``sys.exc_info()``)
         self.handled_exc: BaseException | None = None
+        #: ids of plain objects copied for real while tracing (stores to them are applied)
+        self.owned_objects: set[int] = set()
 
     # =========================================================================================
     # Wrapping real values
@@ -489,7 +492,11 @@ class Tracer:
         if name == "__class__":
             return self.wrap(type(value), None)
         if name == "__dict__":
-            raise Unsupported("reading __dict__ of an object")
+            d = getattr(value, "__dict__", None)
+            if type(d) is not dict or self.pending_attrs.get(id(value)) or \
+                    isinstance(value, torch.nn.Module):
+                raise Unsupported("reading __dict__ of an object")
+            return self.wrap(d, f"{src}.__dict__" if src else None)
         inst_dict = getattr(value, "__dict__", {})
         if name in inst_dict:
             return self.wrap(inst_dict[name], f"{src}.{name}" if src else None)
@@ -568,6 +575,12 @@ class Tracer:
         if isinstance(obj, DataclassVar):
             obj.fields[name] = value
             return
+        if isinstance(obj, ObjectVar) and id(obj.value) in self.owned_objects and \
+                value.is_const():
+            # a copy made while tracing (a constant of the graph's world): stored for real, so
+            # that later reads and folded method calls see it
+            setattr(obj.value, name, value.as_const())
+            return
         if isinstance(obj, (NNModuleVar, ObjectVar)):
             if obj.source is None:
                 raise Unsupported(f"attribute store on {obj.describe()} without a source")
@@ -603,6 +616,8 @@ class Tracer:
             return ConstVar(None)
         if isinstance(fn, PartialVar):
             return self.call(fn.fn, [*fn.args, *args], {**fn.kwargs, **kwargs})
+        if isinstance(fn, BuiltinVar) and _python_original(fn.value) is not None:
+            return self.call(FunctionVar(_python_original(fn.value)), args, kwargs)
         if isinstance(fn, (BuiltinVar, ClassVar)):
             from .builtins import call_builtin
             return call_builtin(self, fn.value, args, kwargs)
@@ -610,6 +625,18 @@ class Tracer:
             from .builtins import call_builtin
             return call_builtin(self, fn.value, args, kwargs)
         if isinstance(fn, ObjectVar):
+            orig = _python_original(fn.value)
+            if isinstance(fn.value, functools._lru_cache_wrapper) and \
+                    all(a.is_const() for a in args) and all(a.is_const() for a in kwargs.values()):
+                # a cached function of constants: its answer is a constant (as the cache assumes)
+                try:
+                    return self.wrap(fn.value(*[a.as_const() for a in args],
+                                              **{k: a.as_const() for k, a in kwargs.items()}),
+                                     None)
+                except Exception as e:
+                    raise Unsupported(f"cached function {fn.value!r} raised {e!r}")
+            if orig is not None:
+                return self.call(FunctionVar(orig), args, kwargs)
             call = inspect.getattr_static(type(fn.value), "__call__", None)
             if isinstance(call, types.FunctionType):
                 return self.call(FunctionVar(call), [fn, *args], kwargs)
@@ -668,6 +695,11 @@ class Tracer:
             if f in rules.CONST_RESULTS:
                 from .builtins import call_builtin
                 return call_builtin(self, f, args, kwargs)
+            if f is _FUNCTION_APPLY and args and isinstance(args[0], ClassVar):
+                # a custom autograd.Function: one node that applies it; AOT autograd traces its
+                # forward into the forward graph and its backward into the backward graph
+                return self.call_torch_function(_autograd_function_applier(args[0].value),
+                                                args[1:], kwargs)
             if rules.is_torch_op(f):
                 return self.call_torch_function(f, args, kwargs)
             if f.__module__ in rules.REAL_EVAL_MODULES or (
@@ -685,6 +717,11 @@ class Tracer:
             if f.__module__ == "copy" and f.__name__ in ("copy", "deepcopy") and len(args) == 1:
                 from .builtins import copy_var
                 return copy_var(self, args[0], deep=f.__name__ == "deepcopy")
+            if args and isinstance(args[0], ObjectVar):
+                from .builtins import fold_config_method
+                folded = fold_config_method(self, f, args, kwargs)
+                if folded is not None:
+                    return folded
             code = f.__code__
             cells = self.closure_cells(code, f.__closure__, fn.source)
             return self.inline(code, f.__globals__, self.fn_globals_source(f), args, kwargs,
@@ -804,7 +841,8 @@ class Tracer:
         src = mv.source
         if src is not None:
             if not m._forward_pre_hooks and not m._forward_hooks:
-                self.out.guards.add(f"not ({src})._forward_pre_hooks and not ({src})._forward_hooks")
+                ref = self.out.stable_ref(m, src)
+                self.out.guards.add(f"not {ref}._forward_pre_hooks and not {ref}._forward_hooks")
             else:
                 self.out.guards.add(
                     f"list(({src})._forward_pre_hooks) == {list(m._forward_pre_hooks)!r} and "
@@ -1700,6 +1738,35 @@ def _key(v: Var) -> Any:
     if v.is_const():
         return v.as_const()
     raise Unsupported(f"a dict key must be a Python constant, got {v.describe()}")
+
+
+def _python_original(fn: Any) -> types.FunctionType | None:
+    """The Python function behind a TorchScript function (``torch.jit.script``) or an
+    ``functools.lru_cache`` wrapper: what tracing inlines instead of calling the wrapper."""
+    orig = None
+    if isinstance(fn, torch.jit.ScriptFunction):
+        orig = getattr(fn, "_torchdynamo_inline", None)
+    elif isinstance(fn, functools._lru_cache_wrapper):  # type: ignore[attr-defined]
+        orig = getattr(fn, "__wrapped__", None)
+    return orig if isinstance(orig, types.FunctionType) else None
+
+
+_FUNCTION_APPLY = torch.autograd.Function.apply.__func__
+_APPLIERS: "weakref.WeakKeyDictionary[type, Callable[..., Any]]" = weakref.WeakKeyDictionary()
+
+
+def _autograd_function_applier(cls: type) -> Callable[..., Any]:
+    """``cls.apply`` as a plain function of the tensors (one per class: a stable graph target,
+    named after the class in generated code)."""
+    fn = _APPLIERS.get(cls)
+    if fn is None:
+        def fn(*args: Any, **kwargs: Any) -> Any:
+            return cls.apply(*args, **kwargs)
+        fn.__name__ = f"{cls.__name__}_apply"
+        fn.__qualname__ = fn.__name__
+        fn.__module__ = __name__
+        _APPLIERS[cls] = fn
+    return fn
 
 
 _INSTR_CACHE: dict[types.CodeType, list[dis.Instruction]] = {}

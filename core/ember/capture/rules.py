@@ -116,10 +116,16 @@ def is_torch_op(fn: Any) -> bool:
             return fn.__name__ not in INLINED_FUNCTIONALS
         if mod.startswith("torch.nn.modules"):
             return False
-        return mod.startswith("torch.") and not mod.startswith(("torch.utils", "torch.fx",
-                                                                "torch.jit", "torch._jit",
-                                                                "torch.nn.init", "torch.overrides"))
+        if fn.__name__ == "<lambda>" or "<locals>" in getattr(fn, "__qualname__", ""):
+            return False  # made at run time (a lambda, a property a parametrization injects)
+        return mod.startswith("torch.") and not mod.startswith(NOT_OP_MODULES)
     return False
+
+
+#: torch.* modules whose Python functions are helpers, not operators: they are inlined (traced
+#: into) like user code, as torch.compile does.
+NOT_OP_MODULES = ("torch.utils", "torch.fx", "torch.jit", "torch._jit", "torch.nn.init",
+                  "torch.overrides", "torch.testing", "torch.nn.utils", "torch.distributions")
 
 
 #: torch.nn.functional functions traced into rather than recorded as one call: their bodies
