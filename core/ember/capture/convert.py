@@ -14,6 +14,7 @@ from __future__ import annotations
 import inspect
 import logging
 import operator
+import re
 import time
 import types
 from typing import Any, Callable
@@ -26,6 +27,7 @@ from ..backends import compile_graph
 from ..context import InputInfo, graph_id_for
 from ..exc import Unsupported
 from . import resume as resume_mod
+from .guards import function_state_guards
 from .interpreter import BreakHere, Frame, LazyVar, Tracer
 from .output import OutputGraph, Reconstructor, build_entry
 from .variables import (BoundMethodVar, CellVar, DictVar, FunctionVar,
@@ -101,9 +103,24 @@ def _fold_grad_switches(graph: torch.fx.Graph, initial: bool) -> tuple[bool, boo
 
 
 def convert_frame(fn: Callable[..., Any], args: tuple, kwargs: dict, *, backend: Any,
-                  options: dict[str, Any], fullgraph: bool) -> Callable[..., Any]:
+                  options: dict[str, Any], fullgraph: bool,
+                  root_module: bool = False) -> Callable[..., Any]:
+    """Capture ``fn(*args, **kwargs)``; returns its entry. ``root_module``: ``fn`` is the
+    ``forward`` of the module ``args[0]`` that ``ember.compile`` wrapped, called without
+    ``Module.__call__``: the entry also checks that the module has no hooks."""
+    extra = ()
+    if root_module:
+        me = fn.__code__.co_varnames[0]
+        extra = (f"not ({me})._forward_pre_hooks and not ({me})._forward_hooks",)
+    return _convert_frame(fn, args, kwargs, backend=backend, options=options,
+                          fullgraph=fullgraph, extra_guards=extra)
+
+
+def _convert_frame(fn: Callable[..., Any], args: tuple, kwargs: dict, *, backend: Any,
+                   options: dict[str, Any], fullgraph: bool,
+                   extra_guards: tuple[str, ...]) -> Callable[..., Any]:
     try:
-        return _convert(fn, args, kwargs, backend, options, None, None)
+        return _convert(fn, args, kwargs, backend, options, None, None, extra_guards)
     except Unsupported as e:
         bp = getattr(e, "break_point", None)
         if fullgraph or bp is None:
@@ -113,7 +130,7 @@ def convert_frame(fn: Callable[..., Any], args: tuple, kwargs: dict, *, backend:
         raise Unsupported(f"graph break inside a loop ({first.reason}); the frame runs "
                           "eagerly, as torch.compile does", where=first.where) from first
     try:
-        return _convert(fn, args, kwargs, backend, options, bp, first)
+        return _convert(fn, args, kwargs, backend, options, bp, first, extra_guards)
     except Unsupported as e2:
         if e2 is first or getattr(e2, "break_point", None) is not None:
             raise first
@@ -194,18 +211,20 @@ def list_breaks(fn: Callable[..., Any], args: tuple, kwargs: dict) -> list[Unsup
 
 def _convert(fn: Callable[..., Any], args: tuple, kwargs: dict, backend: Any,
              options: dict[str, Any], break_at: tuple[int, int] | None,
-             reason: Unsupported | None) -> Callable[..., Any]:
+             reason: Unsupported | None, extra_guards: tuple[str, ...] = ()
+             ) -> Callable[..., Any]:
     t0 = time.perf_counter()
     code: types.CodeType = fn.__code__
     if code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR):
         raise Unsupported(f"{code.co_name} is a generator or coroutine; Ember compiles plain "
                           "functions", where=f"{code.co_filename}:{code.co_firstlineno}")
     out = OutputGraph(fn.__globals__)
-    out.namespace["___fn"] = fn
     tracer = Tracer(out, fn)
     tracer.break_at = break_at
     frame = _root_frame(fn, args, kwargs, tracer)
     grad = torch.is_grad_enabled()
+    for g in extra_guards:
+        out.guards.add(g)
     out.guards.add(f"___torch.is_grad_enabled() is {grad}")
     out.guards.add(f"___torch.get_default_dtype() is {out.ns(torch.get_default_dtype(), 'dtype')}")
     # Ambient autocast: graphs (and AOT's baked-in casts) are only valid under the same state.
@@ -331,6 +350,9 @@ def _convert(fn: Callable[..., Any], args: tuple, kwargs: dict, backend: Any,
         body.insert(0, f"___settle_autocast({tuple(out.autocast_exits)!r}, ___n0)"
                     if all(type(e[2]) is not torch.dtype for e in out.autocast_exits) else
                     f"___settle_autocast({out.ns(tuple(out.autocast_exits), 'exits')}, ___n0)")
+    generated = "\n".join(out.guards.exprs + body + input_exprs + list(prologue))
+    out.guards.add_first(function_state_guards(
+        fn, out.ns, uses_globals=re.search(r"___G(?![A-Za-z0-9_])", generated) is not None))
     entry = build_entry(fn, out, compiled, input_exprs, body, prologue)
     entry.graph_module = gm  # type: ignore[attr-defined]
     events.counters["stats"]["entries"] += 1
@@ -468,6 +490,36 @@ def _callee_inner(fn_var: Var, rec: Reconstructor, backend: Any, options: dict[s
             cf = CompiledFunction(type(m).forward, backend, options)
             return out.ns(cf, "compiled_forward"), [rec.expr(fn_var)]
     return rec.expr(fn_var), []
+
+
+def _compiled_callee_on_stack(stack: list[Var], ins: Any, rec: Reconstructor, backend: Any,
+                              options: dict[str, Any]) -> tuple[list[Var], bool]:
+    """The stack of a call with its callee replaced by the compiled callee (when it is user
+    code), and whether it was replaced."""
+    from .variables import ConstVar
+    if ins.opname == "CALL":
+        i = len(stack) - ins.arg - 2
+        if i < 0:
+            return stack, False
+        k = i + 1 if isinstance(stack[i], NullVar) else i
+    else:
+        k = len(stack) - (3 if ins.arg & 1 else 2)
+        if k < 0:
+            return stack, False
+    fn_var = stack[k]
+    try:
+        name, lead = _callee(fn_var, rec, backend, options)
+    except Unsupported:
+        return stack, False
+    target = rec.out.namespace.get(name)
+    if target is None or len(lead) > 1:
+        return stack, False
+    if lead:
+        self_var = fn_var.self_var if isinstance(fn_var, BoundMethodVar) else fn_var
+        new: Var = BoundMethodVar(ConstVar(target), self_var)
+    else:
+        new = ConstVar(target)
+    return stack[:k] + [new] + stack[k + 1:], True
 
 
 def _binary(ins: Any, ops: list[str], out: Any) -> str:
@@ -627,8 +679,14 @@ def _break_code(fn: Any, broke: BreakHere, rec: Reconstructor, snapshot: Callabl
         tail.append(f"return {resume}")
         return tail
     # Any other instruction (or one inside a try block): the rest of the frame, from this
-    # instruction on, runs as Python.
-    if not any(n.op in ("call_function", "call_method") for n in rec.out.graph.nodes):
+    # instruction on, runs as Python. A call inside a try block still compiles its callee: the
+    # callee on the stack is replaced by its compiled form.
+    if op in ("CALL", "CALL_FUNCTION_EX") and in_try:
+        stack, swapped = _compiled_callee_on_stack(stack, ins, rec, backend, options)
+    else:
+        swapped = False
+    if not swapped and not any(n.op in ("call_function", "call_method")
+                               for n in rec.out.graph.nodes):
         raise Unsupported(reason.reason, where=reason.where)  # nothing gained: run eagerly
     resume = _resume_call(fn, frame, rec, snapshot, ins.offset, stack, [], backend, options,
                           compiled=False)

@@ -161,20 +161,38 @@ class CompiledFunction:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.bound_self is not None:
             args = (self.bound_self, *args)
-        if getattr(_tls, "depth", 0) or getattr(_tls, "disabled", 0) or \
-                self._code_key in _disabled:
-            return self.fn(*args, **kwargs)
+        fn = self.fn
+        code = fn.__code__
+        if code is not self._code_key:  # fn.__code__ was replaced: its own entries
+            self._rebind(code)
+        if getattr(_tls, "depth", 0) or getattr(_tls, "disabled", 0) or code in _disabled:
+            return fn(*args, **kwargs)
         cache = self.cache
-        for entry in cache.entries:
-            out = entry(*args, **kwargs)
-            if out is not MISS:
-                return out
+        try:
+            for entry in cache.entries:
+                out = entry(fn, *args, **kwargs)
+                if out is not MISS:
+                    return out
+        except TypeError:
+            if not _defaults_added(fn, cache.entries):
+                raise
         if cache.given_up is not None:
-            return self.fn(*args, **kwargs)
+            return fn(*args, **kwargs)
         return self._compile_and_call(args, kwargs)
+
+    def _rebind(self, code: types.CodeType) -> None:
+        self._code_key = code
+        self.cache = cache_for(code, _cache_key(self.backend, self.options, self.fullgraph))
 
     def _compile_and_call(self, args: tuple, kwargs: dict) -> Any:
         cache = self.cache
+        m = self.bound_self
+        if m is not None and (m._forward_pre_hooks or m._forward_hooks):
+            # Hooks on the compiled module itself: Module.__call__ runs them (eagerly), as the
+            # entries only serve calls of a module without hooks.
+            fallback_log.info("ember: %s has forward hooks; calling it eagerly",
+                              type(m).__name__)
+            return _module_call(m, args[1:], kwargs)
         if cache.entries:
             cache.misses += 1
             events.counters["stats"]["recompiles"] += 1
@@ -208,7 +226,7 @@ class CompiledFunction:
         if entry is None:
             return self.fn(*args, **kwargs)
         cache.entries.insert(0, entry)
-        out = entry(*args, **kwargs)
+        out = entry(self.fn, *args, **kwargs)
         if out is MISS:  # guards must hold on the inputs they were built from
             log.warning("ember: fresh entry for %s rejected its own inputs; running eagerly",
                         _user_location(self.fn))
@@ -249,7 +267,10 @@ class CompiledFunction:
         for entry in self.cache.entries:
             explain = getattr(entry, "failed_guard", None)
             if explain is not None:
-                r = explain(*args, **kwargs)
+                try:
+                    r = explain(self.fn, *args, **kwargs)
+                except TypeError:
+                    return "the function's defaults changed"
                 if r:
                     return r
         return "<unknown>"
@@ -259,7 +280,21 @@ class CompiledFunction:
 
         with _Compiling():
             return convert_frame(self.fn, args, kwargs, backend=self.backend, options=self.options,
-                                 fullgraph=self.fullgraph)
+                                 fullgraph=self.fullgraph,
+                                 root_module=self.bound_self is not None)
+
+
+def _defaults_added(fn: Any, entries: list) -> bool:
+    """``fn`` has defaults (or keyword defaults) that an entry built without any lacks: the
+    entry could not bind the call, which is a miss, not the user's error."""
+    return any((e.__defaults__ is None and fn.__defaults__ is not None) or
+               (e.__kwdefaults__ is None and fn.__kwdefaults__ is not None) for e in entries)
+
+
+def _module_call(m: Any, args: tuple, kwargs: dict) -> Any:
+    import torch
+
+    return torch.nn.Module.__call__(m, *args, **kwargs)
 
 
 def _is_user_error(e: BaseException) -> bool:

@@ -8,6 +8,7 @@ import functools
 import hashlib
 import itertools
 import logging
+import re
 import types
 from typing import Any, Callable
 
@@ -17,6 +18,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from .. import _logging
 from ..exc import Unsupported
+from .guards import FN
 from .variables import (BoundMethodVar, BuiltinVar, CellVar, ClassVar, ConstVar,
                         ContainerMethodVar, DataclassVar, DictVar, ExitVar, FunctionVar,
                         IteratorVar, ListVar, NestedFunctionVar, NNModuleVar,
@@ -117,17 +119,31 @@ code_log = _logging.get_artifact_logger("output_code")
 _SIMPLE_CONSTS = (int, float, bool, str, type(None), bytes)
 
 
+_IDENTITY = re.compile(r"^\((.+)\) is (___\w+)$")
+
+
 class GuardSet:
     """Guards as Python expressions over the entry function's arguments and namespace."""
 
     def __init__(self) -> None:
         self.exprs: list[str] = []
         self._seen: set[str] = set()
+        #: source -> namespace name, for sources guarded by identity (``(src) is ___name``)
+        self.identity: dict[str, str] = {}
 
     def add(self, expr: str) -> None:
         if expr not in self._seen:
             self._seen.add(expr)
             self.exprs.append(expr)
+            m = _IDENTITY.match(expr)
+            if m is not None:
+                self.identity.setdefault(m.group(1), m.group(2))
+
+    def add_first(self, exprs: list[str]) -> None:
+        """Guards checked before all others (cheap ones that later guards rely on)."""
+        new = [e for e in exprs if e not in self._seen]
+        self._seen.update(new)
+        self.exprs[:0] = new
 
 
 class OutputGraph:
@@ -170,6 +186,25 @@ class OutputGraph:
             self._ns_ids[key] = name
         return name
 
+    def _short_path(self, source: str) -> str:
+        """``M._parameters['w']`` read through the module's namespace reference when ``M`` is
+        identity-guarded already (one lookup instead of the whole attribute path)."""
+        for sep in ("._parameters[", "._buffers["):
+            head, found, tail = source.rpartition(sep)
+            if found:
+                ref = self.guards.identity.get(head)
+                if ref is not None:
+                    return f"{ref}{sep}{tail}"
+        return source
+
+    def stable_ref(self, value: Any, source: str) -> str:
+        """``value``'s namespace name when ``source`` is identity-guarded to it (cheaper to read
+        in later guards), else ``(source)``."""
+        name = self._ns_ids.get(id(value))
+        if name is not None and f"({source}) is {name}" in self.guards._seen:
+            return name
+        return f"({source})"
+
     # -- graph building ----------------------------------------------------------------------
     def add_input(self, value: torch.Tensor, source: str, is_param: bool) -> TensorVar:
         existing = self.tensor_by_id.get(id(value))
@@ -191,7 +226,7 @@ class OutputGraph:
             # Identity first; after it holds, the namespace reference *is* the parameter, so the
             # requires_grad check and the graph input read it without walking the path again.
             ref = self.ns(value, 'p')
-            self.guards.add(f"({source}) is {ref}")
+            self.guards.add(f"({self._short_path(source)}) is {ref}")
             self.guards.add(f"{ref}.requires_grad is {bool(value.requires_grad)}")
             self.fetch[source] = ref
         else:
@@ -413,6 +448,9 @@ def build_entry(fn: Callable[..., Any], out: OutputGraph, compiled: Callable[...
 
     code = fn.__code__
     sig = signature_source(code)
+    # The function being called comes first: functions sharing this code object share entries,
+    # and each call's guards read that call's own function (closure, defaults, globals).
+    sig = f"{FN}, {sig}" if sig else FN
     ns = dict(out.namespace)
     ns["___MISS"] = MISS
     ns["___compiled"] = compiled
