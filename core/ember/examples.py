@@ -123,6 +123,7 @@ def run_demo(backends: Sequence[str] | None = None, iters: int = 50, warmup: int
     plugin_manager().register(observer, name="ember-demo-observer")
     status = 0
     notes: list[str] = []
+    ran: list[str] = []
     try:
         while backends:
             name = backends.pop(0)
@@ -159,6 +160,7 @@ def run_demo(backends: Sequence[str] | None = None, iters: int = 50, warmup: int
                 print(f"{name:<12} error: {type(e).__name__}: {e}")
                 status = 1
                 continue
+            ran.append(name)
             graphs = events.counters["events"]["backend_compiled"]
             diff = (out - ref).abs().max().item()
             e_ms, c_ms = _median_ms(te), _median_ms(tc)
@@ -178,6 +180,14 @@ def run_demo(backends: Sequence[str] | None = None, iters: int = 50, warmup: int
         ember.reset()
     for n in notes:
         print("NOTE:", n)
+    if "inductor" in ran:
+        try:  # the plugin's cache; the core does not depend on the plugin being installed
+            from ember_inductor.runtime.cache import cache_dir
+
+            print(f"inductor's compiled kernels are cached under {cache_dir()} (`python -m "
+                  "ember cache info`); the next run of the demo starts warm")
+        except ImportError:
+            pass
     if status == 0:
         print("OK: every backend matched eager within", tolerance)
     return status
