@@ -47,18 +47,15 @@ def test_decorator_forms():
         return x.cos() + 2
 
     @ember.compile
-    def h(x):  # default backend: declared but not built yet -> clear error on first call
+    def h(x):  # the default backend: inductor
         return x + 1
 
     x = torch.randn(3)
     assert torch.allclose(g(x), x.cos() + 2)
     assert g.__name__ == "g" and _graphs() >= 1
-    try:
-        h(x)
-    except ember.NotImplementedYet as e:
-        assert "not implemented yet" in str(e)
-    else:
-        raise AssertionError("the default 'inductor' backend ran although it is not built yet")
+    assert h.backend.name == "inductor"
+    with torch.no_grad():
+        assert torch.allclose(h(x), x + 1)
 
 
 def test_module_wrapper_passes_parameters_state_and_mode_through():
