@@ -119,6 +119,28 @@ def test_corrupt_entry_is_rebuilt(tmp_cache: Path, damage: str,
     assert lib.add(1, 2) == 3
 
 
+def test_stale_temporaries_of_a_dead_build_are_removed(tmp_cache: Path) -> None:
+    path = cache.compile_cpp(ADD)
+    stale = path.parent / f".{path.stem}.abc123.so.tmp"
+    stale.write_bytes(b"half a library")
+    path.write_bytes(b"")  # and the entry itself damaged
+    cache._forget()
+    assert cache.compile_cpp(ADD) == path
+    assert not stale.exists()
+    assert cache.load_cpp(ADD).add(3, 4) == 7
+
+
+def test_unwritable_cache_dir_is_a_clear_error(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(blocker / "cache"))
+    with pytest.raises(cache.CompileError, match="EMBER_CACHE_DIR"):
+        cache.compile_cpp(ADD)
+    cache.put_text("wrapper", "k", "text")  # the text store only logs: it is an optimization
+    assert cache.get_text("wrapper", "k") is None
+
+
 def test_compile_error_names_source_and_stderr(tmp_cache: Path) -> None:
     with pytest.raises(cache.CompileError) as ei:
         cache.compile_cpp('extern "C" int broken() { return undefined_name; }\n')

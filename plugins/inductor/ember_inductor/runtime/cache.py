@@ -249,38 +249,56 @@ def _build(key: str, source: str, flags: tuple[str, ...]) -> pathlib.Path:
     if _valid(so, meta):
         counters["disk_hits"] += 1
         return so
-    with _FileLock(so.with_suffix(".lock")):
+    try:
+        lock = _FileLock(so.with_suffix(".lock"))
+        lock.__enter__()
+    except OSError as e:
+        raise CompileError(f"cannot write Ember's kernel cache under {cache_dir()}: {e}. Set "
+                           "EMBER_CACHE_DIR to a writable folder.") from e
+    try:
         if _valid(so, meta):  # another process built it while we waited
             counters["disk_hits"] += 1
             return so
+        # Temporaries of this key are only written under its lock, which we hold: any left
+        # are from a build that died (killed, out of disk); they would only take space.
+        for stale in so.parent.glob(f".{key}.*"):
+            _unlink(stale)
         if so.exists() or meta.exists():
             log.warning("cache entry %s is corrupt or incomplete; rebuilding", so)
             counters["rebuilds"] += 1
         counters["builds"] += 1
-        t0 = time.perf_counter()
-        _atomic_write(src, source.encode())
-        fd, tmp = tempfile.mkstemp(prefix=f".{key}.", suffix=".so.tmp", dir=so.parent)
-        os.close(fd)
-        try:
-            cmd = [_compiler(), *flags, str(src), "-o", tmp]
-            log.debug("building %s", " ".join(cmd))
-            r = subprocess.run(cmd, capture_output=True, text=True)
-            if r.returncode != 0:
-                err = (r.stderr or r.stdout).strip()
-                if len(err) > 4000:
-                    err = err[:2000] + "\n  [...]\n" + err[-2000:]
-                raise CompileError(f"C++ compilation failed (exit {r.returncode}) for {src}:\n"
-                                   f"{err}\n  command: {' '.join(cmd)}")
-            digest, size = _sha256_file(pathlib.Path(tmp)), os.path.getsize(tmp)
-            os.replace(tmp, so)
-        except BaseException:
-            _unlink(tmp)
-            raise
-        record = {"format": FORMAT_VERSION, "sha256": digest, "size": size,
-                  "flags": list(flags), "compiler": _compiler()}
-        _atomic_write(meta, json.dumps(record, indent=1).encode())
-        log.debug("built %s (%d bytes) in %.2f s", so, size, time.perf_counter() - t0)
+        _compile(src, so, meta, source, flags)
         return so
+    finally:
+        lock.__exit__()
+
+
+def _compile(src: pathlib.Path, so: pathlib.Path, meta: pathlib.Path, source: str,
+             flags: tuple[str, ...]) -> None:
+    """Run the compiler into a temporary file, then publish: library first, metadata last."""
+    t0 = time.perf_counter()
+    _atomic_write(src, source.encode())
+    fd, tmp = tempfile.mkstemp(prefix=f".{so.stem}.", suffix=".so.tmp", dir=so.parent)
+    os.close(fd)
+    try:
+        cmd = [_compiler(), *flags, str(src), "-o", tmp]
+        log.debug("building %s", " ".join(cmd))
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            err = (r.stderr or r.stdout).strip()
+            if len(err) > 4000:
+                err = err[:2000] + "\n  [...]\n" + err[-2000:]
+            raise CompileError(f"C++ compilation failed (exit {r.returncode}) for {src}:\n"
+                               f"{err}\n  command: {' '.join(cmd)}")
+        digest, size = _sha256_file(pathlib.Path(tmp)), os.path.getsize(tmp)
+        os.replace(tmp, so)
+    except BaseException:
+        _unlink(tmp)
+        raise
+    record = {"format": FORMAT_VERSION, "sha256": digest, "size": size, "flags": list(flags),
+              "compiler": _compiler()}
+    _atomic_write(meta, json.dumps(record, indent=1).encode())
+    log.debug("built %s (%d bytes) in %.2f s", so, size, time.perf_counter() - t0)
 
 
 def compile_cpp(source: str, extra_flags: Sequence[str] = ()) -> pathlib.Path:
@@ -352,10 +370,15 @@ def _text_path(namespace: str, key: str) -> pathlib.Path:
 
 
 def put_text(namespace: str, key: str, text: str) -> None:
-    """Store ``text`` under ``(namespace, key)``, atomically (last writer wins)."""
+    """Store ``text`` under ``(namespace, key)``, atomically (last writer wins). The store is
+    an optimization: a failed write (unwritable folder, full disk) is logged, not raised."""
     record = {"format": FORMAT_VERSION, "key": key,
               "sha256": hashlib.sha256(text.encode()).hexdigest(), "text": text}
-    _atomic_write(_text_path(namespace, key), json.dumps(record).encode())
+    path = _text_path(namespace, key)
+    try:
+        _atomic_write(path, json.dumps(record).encode())
+    except OSError as e:
+        log.warning("could not write cache text entry %s: %s", path, e)
 
 
 def get_text(namespace: str, key: str) -> str | None:
