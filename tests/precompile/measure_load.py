@@ -1,9 +1,12 @@
-"""Measure, per zoo model on CPU: ember.precompile time (cold), and in a fresh process the time
-from ``ember.precompile.load`` to the first result, next to one eager call (first and warm) and
-Ember's cold compile (first call of ember.compile) in a fresh process.
+"""Measure, per zoo model: ember.precompile time (cold), and in a fresh process the time from
+``ember.precompile.load`` to the first result, next to one eager call (first and warm) and
+Ember's cold compile (first call of ember.compile) in a fresh process; with --torch-compile also
+torch.compile's warm start (a fresh process after one that filled torch's caches).
 
     .venv/bin/python tests/precompile/measure_load.py [--backend aot_eager] [--mode infer]
-                                                      [MODEL ...]
+                                                      [--torch-compile] [MODEL ...]
+
+``PC_DEVICE=cuda`` measures on the GPU ("full" zoo sizes).
 
 Prints a markdown table (docs/precompile.md). Not a test: timings are never asserted.
 """
@@ -38,6 +41,8 @@ with torch.set_grad_enabled(grad):
     out = fn(model, *inputs)
     if grad:
         out.backward()
+if torch.cuda.is_available():
+    torch.cuda.synchronize()
 t_first = time.perf_counter() - t1
 print("RESULT " + json.dumps({{"import_s": t_import, "load_s": t_load, "first_s": t_first}}))
 """
@@ -56,12 +61,33 @@ def once(f):
         out = f(model, *inputs)
         if grad:
             out.backward()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
     return time.perf_counter() - t
 first = once(fn)
 warm = statistics.median(once(fn) for _ in range(3))
 compiled = ember.compile(fn, backend={backend!r})
 cold = once(compiled)
 print("RESULT " + json.dumps({{"eager_first_s": first, "eager_s": warm, "ember_cold_s": cold}}))
+"""
+
+
+_CHILD_TORCH = r"""
+import sys, time, json
+import torch
+sys.path[:0] = {paths!r}
+import pc_cases
+model, inputs = pc_cases.build({model!r})
+fn = torch.compile(pc_cases.FUNCS[{mode!r}])
+grad = {grad!r}
+t = time.perf_counter()
+with torch.set_grad_enabled(grad):
+    out = fn(model, *inputs)
+    if grad:
+        out.backward()
+if torch.cuda.is_available():
+    torch.cuda.synchronize()
+print("RESULT " + json.dumps({{"torch_compile_s": time.perf_counter() - t}}))
 """
 
 
@@ -75,7 +101,7 @@ def _child(code: str) -> dict:
     return json.loads(line[len("RESULT "):])
 
 
-def measure(model: str, mode: str, backend: str, tmp: str) -> dict:
+def measure(model: str, mode: str, backend: str, tmp: str, torch_compile: bool) -> dict:
     import torch
 
     import ember
@@ -93,6 +119,10 @@ def measure(model: str, mode: str, backend: str, tmp: str) -> dict:
     row.update(_child(_CHILD_LOAD.format(paths=paths, model=model, grad=grad, path=path)))
     row.update(_child(_CHILD_EAGER.format(paths=paths, model=model, mode=mode, grad=grad,
                                           backend=backend)))
+    if torch_compile:
+        code = _CHILD_TORCH.format(paths=paths, model=model, mode=mode, grad=grad)
+        row["torch_cold_s"] = _child(code)["torch_compile_s"]  # fills torch's caches
+        row["torch_warm_s"] = _child(code)["torch_compile_s"]
     return row
 
 
@@ -102,23 +132,27 @@ def main() -> int:
                                                    "convnet", "gpt2", "bert", "llama"])
     ap.add_argument("--backend", default="aot_eager")
     ap.add_argument("--mode", choices=["infer", "train"], action="append")
+    ap.add_argument("--torch-compile", action="store_true",
+                    help="also torch.compile's cold and warm start (fresh processes)")
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for model in args.models:
             for mode in args.mode or ["infer", "train"]:
-                row = measure(model, mode, args.backend, tmp)
+                row = measure(model, mode, args.backend, tmp, args.torch_compile)
                 rows.append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)
+    tc = args.torch_compile
     print(f"| model | step | precompile (s) | load (s) | load → first result (s) | "
           f"one eager call, first / warm (s) | goal 2x eager + 0.5 (s) | Ember cold "
-          f"compile, first call (s) |")
-    print("|---|---|---|---|---|---|---|---|")
+          f"compile, first call (s) |" + (" torch.compile cold / warm start (s) |" if tc else ""))
+    print("|---|---|---|---|---|---|---|---|" + ("---|" if tc else ""))
     for r in rows:
         goal = 2 * r["eager_first_s"] + 0.5
+        extra = f" {r['torch_cold_s']:.2f} / {r['torch_warm_s']:.2f} |" if tc else ""
         print(f"| {r['model']} | {r['mode']} | {r['precompile_s']:.2f} | {r['load_s']:.3f} | "
               f"**{r['first_s']:.3f}** | {r['eager_first_s']:.3f} / {r['eager_s']:.3f} | "
-              f"{goal:.2f} | {r['ember_cold_s']:.2f} |")
+              f"{goal:.2f} | {r['ember_cold_s']:.2f} |" + extra)
     return 0
 
 

@@ -35,10 +35,12 @@ FUNCS = {"infer": infer, "train": train_loss}
 
 
 def build(model: str) -> tuple[Any, tuple]:
+    """A zoo model and its inputs: CPU "small" sizes, or ``PC_DEVICE=cuda`` ("full" sizes)."""
     sys.path.insert(0, ROOT)
     from benchmarks.zoo import get_spec
 
-    return get_spec(model).build("cpu", "small")
+    device = os.environ.get("PC_DEVICE", "cpu")
+    return get_spec(model).build(device, "small" if device == "cpu" else "full")
 
 
 def perturb(model: Any, seed: int) -> None:
