@@ -48,6 +48,10 @@ def call_builtin(tr: Any, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> V
         return ConstVar(torch.is_autocast_enabled(*c[0]) if c else torch.is_autocast_enabled())
     if fn in rules.CONST_RESULTS:
         return ConstVar(rules.CONST_RESULTS[fn])
+    if getattr(fn, "__self__", None) is dict and getattr(fn, "__name__", "") == "fromkeys" \
+            and args and not kwargs:
+        fill = args[1] if len(args) > 1 else ConstVar(None)
+        return DictVar({_hashable(k): fill for k in tr.iterate(args[0])})
     if fn is torch._C._set_grad_enabled:
         _set_grad(tr, bool(args[0].as_const()))
         return ConstVar(None)
@@ -345,6 +349,16 @@ def construct(tr: Any, cls: type, args: list[Var], kwargs: dict[str, Var]) -> Va
                 taken.append(v)
         return IteratorVar(taken)
     if issubclass(cls, torch.nn.Module):
+        # A module without parameters or buffers (an activation looked up per layer) made from
+        # constants is the same every call: built once while tracing, a constant of the graph.
+        c = _consts(args, kwargs)
+        if c is not None:
+            try:
+                m = cls(*c[0], **c[1])
+            except Exception as e:
+                raise Unsupported(f"creating the module {cls.__name__} raised {e!r}")
+            if not any(True for _ in m.parameters()) and not any(True for _ in m.buffers()):
+                return tr.wrap(m, None)
         raise Unsupported(f"creating the module {cls.__name__} inside a compiled region",
                           hint="create modules in __init__, not in forward")
     if issubclass(cls, enum.Enum):

@@ -111,6 +111,8 @@ def convert_frame(fn: Callable[..., Any], args: tuple, kwargs: dict, *, backend:
     extra = ()
     if root_module:
         me = fn.__code__.co_varnames[0]
+        if fn.__code__.co_argcount == 0:  # forward(*args, **kwargs) (a decorator's wrapper)
+            me = f"{me}[0]"
         extra = (f"not ({me})._forward_pre_hooks and not ({me})._forward_hooks",)
     return _convert_frame(fn, args, kwargs, backend=backend, options=options,
                           fullgraph=fullgraph, extra_guards=extra)

@@ -241,6 +241,12 @@ class Tracer:
                 return BoundMethodVar(FunctionVar(inner, None), self.wrap(value.bound_self, None))
             g(f"({source}) is {out.ns(value, 'compiled')}")
             return FunctionVar(inner, None)
+        if _is_model_output(t) and all(isinstance(k, str) for k in value.keys()):
+            # a model's output object made before a break: its fields, as one made while tracing
+            keys = list(value.keys())
+            g(f"type({source}) is {out.ns(t, t.__name__)} and list(({source}).keys()) == {keys!r}")
+            return DataclassVar(t, {k: self.wrap(v, f"({source})[{k!r}]", guard=guard)
+                                    for k, v in value.items()})
         if _plain_object(value):
             # Attribute reads are guarded one by one, so any instance of the class will do.
             g(f"type({source}) is {out.ns(t, t.__name__)}")
