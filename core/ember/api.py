@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import types
 from typing import Any, Callable, TypeVar
 
 import torch
@@ -104,10 +105,60 @@ def compile(model: Any = None, *, backend: str | Callable[..., Any] | Backend = 
         inner = CompiledFunction(type(model).forward, be, opts, fullgraph=fullgraph,
                                  bound_self=model, dynamic=dynamic)
         return OptimizedModule(model, inner)
-    if not callable(model):
-        raise TypeError(f"ember.compile expects a function or nn.Module, got {type(model).__name__}")
-    return functools.wraps(model)(CompiledFunction(model, be, opts, fullgraph=fullgraph,
-                                                   dynamic=dynamic))
+    return _compile_callable(model, be, opts, fullgraph, dynamic)
+
+
+def _describe(obj: Any) -> str:
+    if isinstance(obj, type):
+        return f"the class {obj.__module__}.{obj.__qualname__}"
+    if isinstance(obj, (types.BuiltinFunctionType, types.BuiltinMethodType)):
+        return f"the builtin {getattr(obj, '__qualname__', obj)!r}"
+    return f"a {type(obj).__module__}.{type(obj).__qualname__} object"
+
+
+def _compile_callable(model: Any, be: Backend, opts: dict[str, Any], fullgraph: bool,
+                      dynamic: bool | None) -> Any:
+    """A Python function, a ``functools.partial`` of something compilable, or an instance whose
+    class defines ``__call__`` in Python (as torch.compile accepts them)."""
+    from .capture.frame import CompiledFunction
+
+    if isinstance(model, types.FunctionType):
+        return functools.wraps(model)(CompiledFunction(model, be, opts, fullgraph=fullgraph,
+                                                       dynamic=dynamic))
+    if isinstance(model, types.MethodType) and isinstance(model.__func__, types.FunctionType):
+        inner = CompiledFunction(model.__func__, be, opts, fullgraph=fullgraph,
+                                 bound_self=model.__self__, dynamic=dynamic)
+        return functools.wraps(model)(_Bound(inner))
+    if isinstance(model, functools.partial):
+        inner = _compile_callable(model.func, be, opts, fullgraph, dynamic)
+        return functools.update_wrapper(functools.partial(inner, *model.args, **model.keywords),
+                                        model.func)
+    if isinstance(model, torch.nn.Module):
+        return compile(model, backend=be, options=opts or None, fullgraph=fullgraph,
+                       dynamic=dynamic)
+    call = getattr(type(model), "__call__", None)
+    if not isinstance(model, type) and isinstance(call, types.FunctionType):
+        inner = CompiledFunction(call, be, opts, fullgraph=fullgraph, bound_self=model,
+                                 dynamic=dynamic)
+        wrapped = _Bound(inner)
+        functools.update_wrapper(wrapped, call, updated=())
+        return wrapped
+    raise TypeError(
+        f"ember.compile cannot compile {_describe(model)}: it expects a Python function, an "
+        "nn.Module, a functools.partial of one, or an object whose class defines __call__ in "
+        "Python." + (" Compile an instance of the class, or a function that uses it."
+                     if isinstance(model, type) else
+                     " Compile the Python function that calls it." if callable(model) else ""))
+
+
+class _Bound:
+    """A compiled bound method or callable object: calls the compiled function with its self."""
+
+    def __init__(self, inner: Any):
+        self._ember_call = inner
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._ember_call(*args, **kwargs)
 
 
 def disable(fn: F | None = None, *, recursive: bool = True) -> Any:

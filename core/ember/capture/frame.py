@@ -37,6 +37,18 @@ MISS = _Miss()
 _tls = threading.local()
 
 
+class _QuietWhileTracing(logging.Filter):
+    """FakeTensor logs a traceback when an op fails on fake inputs; while Ember traces, that
+    failure is reported once (as a fallback reason, or as the user's own error from the eager
+    call), so the traceback is noise."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(_tls, "depth", 0)
+
+
+logging.getLogger("torch._subclasses.fake_tensor").addFilter(_QuietWhileTracing())
+
+
 def is_compiling() -> bool:
     return getattr(_tls, "depth", 0) > 0
 
@@ -95,13 +107,16 @@ def is_allowed_in_graph(fn: Any) -> bool:
 class CodeCache:
     """Entries for one code object (one user function), most recent first."""
 
-    __slots__ = ("code", "entries", "misses", "given_up", "__weakref__")
+    __slots__ = ("code", "entries", "misses", "given_up", "lock", "__weakref__")
 
     def __init__(self, code: types.CodeType):
         self.code = code
+        #: replaced, never mutated in place, so a call iterates it without a lock
         self.entries: list[Callable[..., Any]] = []
         self.misses = 0
         self.given_up: str | None = None
+        #: held while compiling: threads missing at once compile once
+        self.lock = threading.RLock()
 
 
 _code_caches: dict[tuple, CodeCache] = {}
@@ -127,7 +142,7 @@ def _cache_key(backend: Any, options: dict[str, Any], fullgraph: bool) -> tuple:
 
 def reset_caches() -> None:
     for c in _code_caches.values():
-        c.entries.clear()
+        c.entries = []
         c.misses = 0
         c.given_up = None
     _code_caches.clear()
@@ -150,6 +165,10 @@ class CompiledFunction:
         self.options = options
         self.fullgraph = fullgraph
         self.bound_self = bound_self
+        self._traced_error: BaseException | None = None
+        #: fn is the forward of the module bound_self, called without Module.__call__
+        self._root_module = isinstance(bound_self, _nn_module()) and \
+            getattr(type(bound_self), "forward", None) is fn
         self.dynamic = dynamic
         code = getattr(fn, "__code__", None)
         if code is None:
@@ -168,31 +187,76 @@ class CompiledFunction:
         if getattr(_tls, "depth", 0) or getattr(_tls, "disabled", 0) or code in _disabled:
             return fn(*args, **kwargs)
         cache = self.cache
+        entries = cache.entries
         try:
-            for entry in cache.entries:
+            for entry in entries:
                 out = entry(fn, *args, **kwargs)
                 if out is not MISS:
                     return out
         except TypeError:
-            if not _defaults_added(fn, cache.entries):
+            if not _defaults_added(fn, entries):
                 raise
         if cache.given_up is not None:
             return fn(*args, **kwargs)
-        return self._compile_and_call(args, kwargs)
+        return self._compile_and_call(args, kwargs, entries)
 
     def _rebind(self, code: types.CodeType) -> None:
         self._code_key = code
         self.cache = cache_for(code, _cache_key(self.backend, self.options, self.fullgraph))
 
-    def _compile_and_call(self, args: tuple, kwargs: dict) -> Any:
-        cache = self.cache
+    def _compile_and_call(self, args: tuple, kwargs: dict, seen: list | None = None) -> Any:
+        """Every entry missed (``seen``: the entry list that was tried): compile a new entry,
+        once per code object even when several threads miss at the same time."""
         m = self.bound_self
-        if m is not None and (m._forward_pre_hooks or m._forward_hooks):
+        if self._root_module and (m._forward_pre_hooks or m._forward_hooks):
             # Hooks on the compiled module itself: Module.__call__ runs them (eagerly), as the
             # entries only serve calls of a module without hooks.
             fallback_log.info("ember: %s has forward hooks; calling it eagerly",
                               type(m).__name__)
             return _module_call(m, args[1:], kwargs)
+        cache = self.cache
+        if seen is None:
+            seen = cache.entries
+        while True:
+            with cache.lock:
+                current = cache.entries
+                if current is seen and cache.given_up is None:
+                    entry = self._compile_locked(args, kwargs)
+                    break
+            if cache.given_up is not None:
+                return self.fn(*args, **kwargs)
+            # Another thread compiled while this one waited: try its entries first.
+            for e in current:
+                if not any(e is s for s in seen):
+                    out = e(self.fn, *args, **kwargs)
+                    if out is not MISS:
+                        return out
+            seen = current
+        if entry is None:
+            traced_error = self._traced_error
+            self._traced_error = None
+            if traced_error is None:
+                return self.fn(*args, **kwargs)
+            try:
+                return self.fn(*args, **kwargs)
+            except type(traced_error):
+                # Tracing met the user's own error (a shape mismatch): it surfaces once, from
+                # the eager call, and a later call with good inputs compiles.
+                with cache.lock:
+                    cache.given_up = None
+                raise
+        out = entry(self.fn, *args, **kwargs)
+        if out is MISS:  # guards must hold on the inputs they were built from
+            log.warning("ember: fresh entry for %s rejected its own inputs; running eagerly",
+                        _user_location(self.fn))
+            with cache.lock:
+                cache.entries = [e for e in cache.entries if e is not entry]
+            return self.fn(*args, **kwargs)
+        return out
+
+    def _compile_locked(self, args: tuple, kwargs: dict) -> Callable[..., Any] | None:
+        """Under the cache's lock: a new entry (added to the cache), or None to run eagerly."""
+        cache = self.cache
         if cache.entries:
             cache.misses += 1
             events.counters["stats"]["recompiles"] += 1
@@ -205,34 +269,30 @@ class CompiledFunction:
                     "ember: %s hit the recompile limit (%d); it now runs eagerly. The guard that "
                     "kept failing: %s. Raise ember.config.recompile_limit or make that value "
                     "stable across calls.", _user_location(self.fn), config.recompile_limit, reason)
-                return self.fn(*args, **kwargs)
+                return None
         try:
             entry = self._compile(args, kwargs)
         except (GraphBreakError, Unsupported) as e:
             if self.fullgraph:
                 raise self._fullgraph_error(e, args, kwargs) from None
             self._fallback(e)
-            return self.fn(*args, **kwargs)
+            cause = e.__cause__
+            if isinstance(cause, Exception) and not isinstance(cause, EmberError):
+                self._traced_error = cause
+            return None
         except EmberError as e:
             if self.fullgraph or not config.suppress_errors or _is_user_error(e):
                 raise
             self._fallback(e)
-            return self.fn(*args, **kwargs)
+            return None
         except Exception as e:  # internal error: never crash the user's program
             if not config.suppress_errors:
                 raise
             self._fallback(e, internal=True)
-            return self.fn(*args, **kwargs)
-        if entry is None:
-            return self.fn(*args, **kwargs)
-        cache.entries.insert(0, entry)
-        out = entry(self.fn, *args, **kwargs)
-        if out is MISS:  # guards must hold on the inputs they were built from
-            log.warning("ember: fresh entry for %s rejected its own inputs; running eagerly",
-                        _user_location(self.fn))
-            cache.entries.remove(entry)
-            return self.fn(*args, **kwargs)
-        return out
+            return None
+        if entry is not None:
+            cache.entries = [entry, *cache.entries]  # copy on write: readers hold no lock
+        return entry
 
     def _fullgraph_error(self, e: BaseException, args: tuple, kwargs: dict) -> GraphBreakError:
         if isinstance(e, GraphBreakError):
@@ -254,6 +314,10 @@ class CompiledFunction:
 
     def _fallback(self, e: BaseException, internal: bool = False) -> None:
         events.counters["stats"]["fallbacks"] += 1
+        from ..exc import BackendCompilerFailed
+        if isinstance(e, BackendCompilerFailed):
+            log.warning("ember: %s runs eagerly: %s (set ember.config.suppress_errors = False to "
+                        "raise instead)", _user_location(self.fn), e)
         kind = "internal error" if internal else "unsupported"
         fallback_log.info("ember: running %s eagerly (%s): %s", _user_location(self.fn), kind, e,
                           exc_info=config.verbose or internal and log.isEnabledFor(logging.DEBUG))
@@ -281,7 +345,7 @@ class CompiledFunction:
         with _Compiling():
             return convert_frame(self.fn, args, kwargs, backend=self.backend, options=self.options,
                                  fullgraph=self.fullgraph,
-                                 root_module=self.bound_self is not None)
+                                 root_module=self._root_module)
 
 
 def _defaults_added(fn: Any, entries: list) -> bool:
@@ -289,6 +353,12 @@ def _defaults_added(fn: Any, entries: list) -> bool:
     entry could not bind the call, which is a miss, not the user's error."""
     return any((e.__defaults__ is None and fn.__defaults__ is not None) or
                (e.__kwdefaults__ is None and fn.__kwdefaults__ is not None) for e in entries)
+
+
+def _nn_module() -> type:
+    import torch
+
+    return torch.nn.Module
 
 
 def _module_call(m: Any, args: tuple, kwargs: dict) -> Any:
