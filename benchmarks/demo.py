@@ -36,7 +36,10 @@ def _table(rows: list[Row]) -> str:
               "—" if r.graphs is None else f"{r.graphs} ({r.graph_breaks} breaks)", r.status]
              for r in rows]
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(head)]
-    line = lambda vals: "  ".join(v.ljust(w) for v, w in zip(vals, widths)).rstrip()  # noqa: E731
+
+    def line(vals: list[str]) -> str:
+        return "  ".join(v.ljust(w) for v, w in zip(vals, widths)).rstrip()
+
     return "\n".join([line(head), line(["-" * w for w in widths])] + [line(c) for c in cells])
 
 
@@ -55,7 +58,6 @@ def demo(iters: int = 30, max_seconds: float = 15.0, probes: bool = True) -> int
                     probe_backends=[ember_b, PEER], overhead=False)
     rows, _ = run(cfg)
     by = {r.backend: r for r in rows}
-    from ember.examples import DemoModel  # noqa: F401  (import check: the model is Ember's)
 
     print()
     print("Ember demo: DemoModel (2 pre-norm transformer blocks, d=128) on (8, 64, 128), CPU "

@@ -20,7 +20,7 @@ Layout under :func:`cache_dir`::
 
     cpp/<k[:2]>/<k>.cpp     the source (kept for error messages and debugging)
     cpp/<k[:2]>/<k>.so      the library
-    cpp/<k[:2]>/<k>.json    {"format", "sha256", "size", "flags", ...}: written last, the commit mark
+    cpp/<k[:2]>/<k>.json    {"format", "sha256", "size", "flags", ...}: written last (commit)
     cpp/<k[:2]>/<k>.lock    flock target while building
     text/<namespace>/<sha256(key)>.json   {"format", "key", "sha256", "text"}
 
