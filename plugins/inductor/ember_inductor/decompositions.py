@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import functools
+
 import torch
 
 __all__ = ["decompositions"]
@@ -13,7 +15,16 @@ __all__ = ["decompositions"]
 aten = torch.ops.aten
 
 
+@functools.lru_cache(None)
+def _table() -> dict[Any, Callable[..., Any]]:
+    return _build()
+
+
 def decompositions() -> dict[Any, Callable[..., Any]]:
+    return dict(_table())
+
+
+def _build() -> dict[Any, Callable[..., Any]]:
     from torch._decomp import core_aten_decompositions, decomposition_table
 
     table = dict(core_aten_decompositions())

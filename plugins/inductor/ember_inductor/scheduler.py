@@ -63,10 +63,30 @@ class Member:
     store_index: Any
 
 
+def loop_order(node: ComputedBuffer) -> list[int]:
+    """The non-size-1 dims of ``node``'s ranges, outermost loop first: in the order of the stored
+    layout's strides, so the innermost loop writes contiguously."""
+    ranges, _ = node.iteration()
+    dims = [i for i, s in enumerate(ranges) if s != 1]
+    stride = node.layout.stride
+    if len(stride) != len(ranges):
+        return dims
+    try:
+        return sorted(dims, key=lambda i: -int(stride[i]))
+    except TypeError:  # symbolic strides: keep the logical order
+        return dims
+
+
+def loop_sizes(node: ComputedBuffer) -> list[Any]:
+    ranges, _ = node.iteration()
+    return [ranges[i] for i in loop_order(node)]
+
+
 def _member(node: ComputedBuffer, k: int) -> Member | None:
     """``node`` split as ``k`` outer loops plus its inner loops; None if it cannot be."""
     ranges, rranges = node.iteration()
-    nt = _nontrivial(ranges)
+    order = loop_order(node)
+    nt = [ranges[i] for i in order]
     if isinstance(node.data, Reduction):
         if len(nt) != k:
             return None
@@ -75,14 +95,9 @@ def _member(node: ComputedBuffer, k: int) -> Member | None:
         if len(nt) < k:
             return None
         inner = nt[k:]
-    index: list[Any] = []
-    j = 0
-    for s in ranges:
-        if s == 1:
-            index.append(0)
-        else:
-            index.append(var(j) if j < k else rvar(j - k))
-            j += 1
+    index: list[Any] = [0] * len(ranges)
+    for j, d in enumerate(order):
+        index[d] = var(j) if j < k else rvar(j - k)
     rindex: list[Any] = []
     j = 0
     for s in rranges:
@@ -157,7 +172,7 @@ class Scheduler:
         if isinstance(op, ComputedBuffer):
             m = self._members.get(op.name)
             if m is None:
-                m = _member(op, len(_nontrivial(op.iteration()[0])))
+                m = _member(op, len(loop_sizes(op)))
                 self._members[op.name] = m
             return {n for n, _ in m.loads}
         return _reads_of(op)
@@ -211,15 +226,13 @@ class Scheduler:
                 return
             if deps & g.names():
                 break
-        ranges, _ = node.iteration()
-        k = len(_nontrivial(ranges))
-        m = _member(node, k)
-        region.append(FusedGroup(_nontrivial(ranges), [m]))
+        sizes = loop_sizes(node)
+        m = _member(node, len(sizes))
+        region.append(FusedGroup(sizes, [m]))  # type: ignore[list-item]
 
     def _try_join(self, g: FusedGroup, node: ComputedBuffer) -> bool:
         k = len(g.outer)
-        ranges, _ = node.iteration()
-        nt = _nontrivial(ranges)
+        nt = loop_sizes(node)
         is_red = isinstance(node.data, Reduction)
         if nt[:k] != g.outer or (is_red and len(nt) != k):
             # a reduction may re-split a group of plain pointwise loops at its output space
@@ -255,11 +268,9 @@ class Scheduler:
         for m in g.members:
             b = blocks[-1] if blocks else None
             reads = {n for n, _ in m.loads}
-            if (b is not None and b.inner == m.inner and m.inner and
+            if (b is not None and b.inner == m.inner and
                     not any(isinstance(x.node.data, Reduction) and x.node.name in reads
                             for x in b.members)):
-                b.members.append(m)
-            elif b is not None and not b.inner and not m.inner:
                 b.members.append(m)
             else:
                 blocks.append(LoopBlock(m.inner, [m]))

@@ -6,6 +6,7 @@ contiguous so gcc vectorizes them. bfloat16/float16 are computed in float and ro
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Sequence
 
 import torch
@@ -24,10 +25,18 @@ STORAGE_TYPE = {
 }
 
 PARALLEL_MIN_WORK = 32768
+# float sums over at least this many elements accumulate in double
+DOUBLE_ACC_MIN = 1024
 
 PRELUDE = r"""
-#include <cmath>
-#include <cstdint>
+// no headers: gcc builtins only (parsing <cmath> costs more than compiling the kernels)
+typedef __INT64_TYPE__ int64_t;
+typedef __INT32_TYPE__ int32_t;
+typedef __INT16_TYPE__ int16_t;
+typedef __INT8_TYPE__ int8_t;
+typedef __UINT8_TYPE__ uint8_t;
+typedef __UINT16_TYPE__ uint16_t;
+typedef __UINT32_TYPE__ uint32_t;
 static inline float e_bf16_to_float(uint16_t v) { uint32_t b = (uint32_t)v << 16; float f; __builtin_memcpy(&f, &b, 4); return f; }
 static inline uint16_t e_float_to_bf16(float f) {
   if (f != f) return 0x7fc0;
@@ -37,18 +46,24 @@ static inline uint16_t e_float_to_bf16(float f) {
 }
 static inline float e_round_bf16(float f) { return e_bf16_to_float(e_float_to_bf16(f)); }
 static inline float e_round_f16(float f) { return (float)(_Float16)f; }
+static inline float e_fmod(float a, float b) { return __builtin_fmodf(a, b); }
+static inline double e_fmod(double a, double b) { return __builtin_fmod(a, b); }
+static inline float e_floor(float a) { return __builtin_floorf(a); }
+static inline double e_floor(double a) { return __builtin_floor(a); }
+static inline float e_copysign(float a, float b) { return __builtin_copysignf(a, b); }
+static inline double e_copysign(double a, double b) { return __builtin_copysign(a, b); }
 template <class T> static inline T e_max(T a, T b) { return (a != a || a > b) ? a : b; }
 template <class T> static inline T e_min(T a, T b) { return (a != a || a < b) ? a : b; }
 template <class T> static inline bool e_gt(T v, T a) { return v > a || (v != v && a == a); }
 template <class T> static inline bool e_lt(T v, T a) { return v < a || (v != v && a == a); }
 template <class T> static inline T e_floordiv_f(T a, T b) {
   if (b == 0) return a / b;
-  T mod = std::fmod(a, b);
+  T mod = e_fmod(a, b);
   T div = (a - mod) / b;
   if (mod != 0 && ((b < 0) != (mod < 0))) div -= T(1);
   T fl;
-  if (div != 0) { fl = std::floor(div); if (div - fl > T(0.5)) fl += T(1); }
-  else fl = std::copysign(T(0), a / b);
+  if (div != 0) { fl = e_floor(div); if (div - fl > T(0.5)) fl += T(1); }
+  else fl = e_copysign(T(0), a / b);
   return fl;
 }
 template <class T> static inline T e_floordiv_i(T a, T b) {
@@ -58,7 +73,7 @@ template <class T> static inline T e_floordiv_i(T a, T b) {
   return q;
 }
 template <class T> static inline T e_remainder_f(T a, T b) {
-  T m = std::fmod(a, b);
+  T m = e_fmod(a, b);
   if (m != 0 && ((b < 0) != (m < 0))) m += b;
   return m;
 }
@@ -99,7 +114,7 @@ def literal(value: Any, dtype: torch.dtype) -> str:
     v = int(value)
     if v == -(2 ** 63):
         return f"({ct})(-9223372036854775807LL - 1)"
-    return f"({ct}){v}LL" if ct != "int64_t" else f"{v}LL"
+    return f"({ct}){v}LL"
 
 
 class CppVar:
@@ -162,13 +177,32 @@ _COMPARE = {"eq": "{0} == {1}", "ne": "{0} != {1}", "lt": "{0} < {1}", "le": "{0
             "logical_or": "({0} != 0) || ({1} != 0)", "logical_xor": "({0} != 0) != ({1} != 0)"}
 
 
+_GENERIC_BUILTINS = {"isinf", "isfinite", "signbit"}
+_RENAMED = {"abs": "fabs"}
+_STD = re.compile(r"std::(\w+)\(")
+
+
+def builtins(expr: str, ctype: str) -> str:
+    """``std::exp(x)`` -> ``__builtin_expf(x)`` (float) / ``__builtin_exp(x)`` (double)."""
+    sfx = "f" if ctype == "float" else ""
+
+    def sub(m: "re.Match[str]") -> str:
+        name = m.group(1)
+        if name in _GENERIC_BUILTINS:
+            return f"__builtin_{name}("
+        return f"__builtin_{_RENAMED.get(name, name)}{sfx}("
+    return _STD.sub(sub, expr)
+
+
 class CppOps:
     """The ``ops`` handler that writes C++ statements into a :class:`CppKernel`."""
 
     def __init__(self, kernel: "CppKernel"):
         self.k = kernel
 
-    def _emit(self, expr: str, dtype: torch.dtype) -> CppVar:
+    def _emit(self, expr: str, dtype: torch.dtype, ctype: str | None = None) -> CppVar:
+        if "std::" in expr:
+            expr = builtins(expr, ctype or compute_type(dtype))
         return self.k.cse(expr, dtype)
 
     # -- memory --------------------------------------------------------------------------------
@@ -241,7 +275,7 @@ class CppOps:
             if len(args) == 1:
                 if name in _PRED:
                     table = _PRED if dt.is_floating_point else _INT_PRED
-                    return self._emit(table[name].format(*fmt, T=T), torch.bool)
+                    return self._emit(table[name].format(*fmt, T=T), torch.bool, T)
                 table = _FLOAT_UNARY if dt.is_floating_point else _INT_UNARY
                 if dt == torch.bool and name == "bitwise_not":
                     return self._emit(f"!{fmt[0]}", dt)
@@ -381,6 +415,7 @@ class CppKernel:
     def block(self, b: LoopBlock) -> None:
         reds = [m for m in b.members if isinstance(m.node.data, Reduction)]
         accs: dict[str, tuple[str, ...]] = {}
+        wide: set[str] = set()
         for m in reds:
             red = m.node.data
             assert isinstance(red, Reduction)
@@ -392,8 +427,13 @@ class CppKernel:
                 accs[m.node.name] = (acc, f"{acc}_v")
             else:
                 at = compute_type(red.src_dtype)
+                if (at == "float" and red.reduction_type == "sum"
+                        and product(b.inner) >= DOUBLE_ACC_MIN):
+                    at = "double"  # long float sums: eager sums pairwise; a double keeps up
                 self.line(f"{at} {acc} = {_reduction_init(red.reduction_type, red.src_dtype)};")
                 accs[m.node.name] = (acc,)
+                if at != compute_type(red.src_dtype):
+                    wide.add(m.node.name)
         pw_names = []
         if b.inner:
             simd = [m for m in reds if m.node.data.reduction_type in ("sum", "prod")
@@ -451,6 +491,9 @@ class CppKernel:
         for m in reds:
             red = m.node.data
             acc = accs[m.node.name][0]
+            if m.node.name in wide:
+                self.line(f"{compute_type(red.src_dtype)} {acc}_n = {acc};")
+                acc = f"{acc}_n"
             v = CppVar(acc, m.node.dtype if red.reduction_type in ("argmax", "argmin")
                        else red.src_dtype)
             if v.dtype != m.node.dtype:

@@ -179,6 +179,10 @@ class GraphLowering:
                 log.debug("lowering %s: %s; ATen fallback", node.target, e)
                 result = None
         if result is None:
+            # ATen decides its output's layout from its inputs' layouts: give it the ones the
+            # graph's metadata describes (the same the output metadata was computed from)
+            args = self._realize_like_nodes(node.args, args)
+            kwargs = self._realize_like_nodes(node.kwargs, kwargs)
             result = self.fallback(node.target, args, kwargs)
         self._set_origins(node, args, result)
         return self._maybe_realize(node, result)
@@ -193,6 +197,17 @@ class GraphLowering:
         for r in (result if isinstance(result, (list, tuple)) else [result]):
             if isinstance(r, Pointwise) and not r.origins:
                 r.origins = origins
+
+    def _realize_like_nodes(self, nodes: Any, values: Any) -> Any:
+        if isinstance(nodes, torch.fx.Node):
+            if isinstance(values, (Pointwise, Reduction)):
+                return self.realize_like_meta(values, nodes.meta.get("val"))
+            return values
+        if isinstance(nodes, (list, tuple)) and isinstance(values, (list, tuple)):
+            return type(values)(self._realize_like_nodes(n, v) for n, v in zip(nodes, values))
+        if isinstance(nodes, dict) and isinstance(values, dict):
+            return {k: self._realize_like_nodes(nodes[k], v) for k, v in values.items()}
+        return values
 
     def _env_lookup(self, a: Any) -> Any:
         return self.env[a] if isinstance(a, torch.fx.Node) else a

@@ -333,3 +333,45 @@ def arange(*args: Any, **kwargs: Any) -> Any:
     n = int(m.shape[0])
     return Pointwise(m.device, dt, [n], lambda i: ops.to_dtype(
         ops.index_expr(start + i[0] * step, torch.int64), dt), 1)
+
+
+@register(aten.elu.default)
+def elu(x: Any, alpha: Any = 1.0, scale: Any = 1.0, input_scale: Any = 1.0) -> Any:
+    dt = meta().dtype
+    if not dt.is_floating_point:
+        raise Unsupported("integer elu")
+
+    def fn(a: Any) -> Any:
+        neg = ops.mul(ops.constant(alpha * scale, dt),
+                      ops.expm1(ops.mul(a, ops.constant(input_scale, dt))))
+        return ops.where(ops.gt(a, ops.constant(0, dt)), ops.mul(a, ops.constant(scale, dt)), neg)
+    return pointwise(fn, [x])
+
+
+@register(aten.softplus.default)
+def softplus(x: Any, beta: Any = 1, threshold: Any = 20) -> Any:
+    dt = meta().dtype
+    if not dt.is_floating_point:
+        raise Unsupported("integer softplus")
+
+    def fn(a: Any) -> Any:
+        bx = ops.mul(a, ops.constant(beta, dt))
+        soft = ops.truediv(ops.log1p(ops.exp(bx)), ops.constant(beta, dt))
+        return ops.where(ops.gt(bx, ops.constant(threshold, dt)), a, soft)
+    return pointwise(fn, [x])
+
+
+@register(aten.hardsigmoid.default)
+def hardsigmoid(x: Any) -> Any:
+    dt = meta().dtype
+    return pointwise(lambda a: ops.truediv(ops.minimum(ops.maximum(
+        ops.add(a, ops.constant(3, dt)), ops.constant(0, dt)), ops.constant(6, dt)),
+        ops.constant(6, dt)), [x])
+
+
+@register(aten.hardswish.default)
+def hardswish(x: Any) -> Any:
+    dt = meta().dtype
+    return pointwise(lambda a: ops.truediv(ops.mul(a, ops.minimum(ops.maximum(
+        ops.add(a, ops.constant(3, dt)), ops.constant(0, dt)), ops.constant(6, dt))),
+        ops.constant(6, dt)), [x])
