@@ -53,6 +53,9 @@ def test_cache_dir_env_and_default(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
     assert cache.cache_dir() == tmp_path / "xdg" / "ember"
     monkeypatch.delenv("XDG_CACHE_HOME")
     assert cache.cache_dir() == Path.home() / ".cache" / "ember"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("EMBER_CACHE_DIR", "rel")
+    assert cache.cache_dir() == tmp_path / "rel"
 
 
 def test_miss_then_hit(tmp_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:

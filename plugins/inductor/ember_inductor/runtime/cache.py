@@ -108,15 +108,18 @@ def cache_dir() -> pathlib.Path:
     changed from its default, else ``$XDG_CACHE_HOME/ember`` or ``~/.cache/ember``.
     """
     env = os.environ.get("EMBER_CACHE_DIR")
-    if env:
-        return pathlib.Path(env).expanduser()
     configured = getattr(ember.config, "cache_dir", None)
     default = os.path.join(os.path.expanduser("~"), ".cache", "ember")
-    if configured and configured != default:
-        return pathlib.Path(configured).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = pathlib.Path(xdg) if xdg else pathlib.Path.home() / ".cache"
-    return base / "ember"
+    if env:
+        path = env
+    elif configured and configured != default:
+        path = configured
+    else:
+        xdg = os.environ.get("XDG_CACHE_HOME")
+        path = os.path.join(xdg, "ember") if xdg else default
+    # Absolute: library paths handed out must not change meaning when the process changes
+    # its working directory.
+    return pathlib.Path(os.path.abspath(os.path.expanduser(path)))
 
 
 def _compiler() -> str:
