@@ -37,6 +37,7 @@ typedef __INT8_TYPE__ int8_t;
 typedef __UINT8_TYPE__ uint8_t;
 typedef __UINT16_TYPE__ uint16_t;
 typedef __UINT32_TYPE__ uint32_t;
+@@SIMD_DECLS@@
 static inline float e_bf16_to_float(uint16_t v) { uint32_t b = (uint32_t)v << 16; float f; __builtin_memcpy(&f, &b, 4); return f; }
 static inline uint16_t e_float_to_bf16(float f) {
   if (f != f) return 0x7fc0;
@@ -91,6 +92,30 @@ template <class T> static inline T e_pow_i(T a, T b) {
 }
 template <class T> static inline T e_sign(T a) { return (T)((T(0) < a) - (a < T(0))); }
 """
+
+
+# libm functions glibc's libmvec has vector variants of (glibc >= 2.35): declared "omp declare
+# simd" so gcc vectorizes loops that call them (without -ffast-math: libmvec's results are within
+# a few ulp, NaN and infinity as libm).
+SIMD_MATH = ("exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "asin",
+             "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc")
+SIMD_MATH2 = ("pow", "atan2", "hypot")
+
+
+def _simd_decls() -> str:
+    lines = []
+    for name in SIMD_MATH:
+        for sfx, t in (("f", "float"), ("", "double")):
+            lines.append("#pragma omp declare simd notinbranch")
+            lines.append(f'extern "C" {t} {name}{sfx}({t}) noexcept;')
+    for name in SIMD_MATH2:
+        for sfx, t in (("f", "float"), ("", "double")):
+            lines.append("#pragma omp declare simd notinbranch")
+            lines.append(f'extern "C" {t} {name}{sfx}({t}, {t}) noexcept;')
+    return "\n".join(lines)
+
+
+PRELUDE = PRELUDE.replace("@@SIMD_DECLS@@", _simd_decls())
 
 
 def compute_type(dtype: torch.dtype) -> str:
@@ -190,6 +215,8 @@ def builtins(expr: str, ctype: str) -> str:
         name = m.group(1)
         if name in _GENERIC_BUILTINS:
             return f"__builtin_{name}("
+        if name in SIMD_MATH or name in SIMD_MATH2:
+            return f"{name}{sfx}("
         return f"__builtin_{_RENAMED.get(name, name)}{sfx}("
     return _STD.sub(sub, expr)
 

@@ -210,7 +210,22 @@ def view(x: Any, size: Sequence[Any]) -> Any:
     new = [int(s) for s in meta().shape]
     if product(old) != product(new):
         raise Unsupported("reshape with mismatched numel")
-    return view_op(x, reshape_remap(old, new))
+    remap = reshape_remap(old, new)
+    if isinstance(x, Pointwise) and _divides(remap, len(new)):
+        # merging dims of a lazy value would put divisions into every consumer's index and keep
+        # the consumer from fusing with loops over the original shape: store it, view the storage
+        g = current()
+        arg0 = g.node.args[0]
+        in_meta = arg0.meta.get("val") if isinstance(arg0, torch.fx.Node) else None
+        if isinstance(in_meta, torch.Tensor) and in_meta.is_contiguous():
+            x = g.realize(x)
+    return view_op(x, remap)
+
+
+def _divides(remap: Remap, n: int) -> bool:
+    from ..sizes import var
+    return any(e.has(FloorDiv) or e.has(ModularIndexing)
+               for e in remap([var(i) for i in range(n)]) if hasattr(e, "has"))
 
 
 @register(aten.alias.default, aten.detach.default, aten.lift_fresh.default)
