@@ -164,3 +164,16 @@ def test_variant_that_cannot_be_traced_runs_the_graph_eagerly(caplog):
     _index_put(xe, m, ve)[0].sum().backward()
     torch.testing.assert_close(xg.grad, xe.grad)
     torch.testing.assert_close(vg.grad, ve.grad)
+
+
+def test_sparse_gradient_reaching_a_compiled_output():
+    # to_dense's backward hands the compiled to_sparse a sparse gradient
+    def fn(x):
+        return x.to_sparse()
+
+    x = torch.randn(3, 4)
+    xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
+    g = torch.randn(3, 4)
+    (ge,) = torch.autograd.grad(fn(xe).to_dense(), xe, g)
+    (gc,) = torch.autograd.grad(_compile(fn)(xc).to_dense(), xc, g)
+    torch.testing.assert_close(gc, ge)

@@ -30,7 +30,8 @@ def _status(entry: object) -> tuple[str, str]:
 
 
 def summarize(results: dict, oracle: dict) -> str:
-    backends = sorted({b for row in results.values() for b in row if not b.startswith("torch:")})
+    backends = sorted({b for row in results.values() for b in row
+                       if not b.startswith("torch:") and b != "sig"})
     lines = ["| backend | samples | right | wrong | fallback | error | random | torch.compile "
              "(aot_eager) correct | Ember as compiled as torch.compile, of those | Ember correct "
              "(compiled or fallback), of those |",
@@ -61,7 +62,7 @@ def differences(results: dict, oracle: dict, statuses: tuple[str, ...]) -> str:
              "| --- | --- | --- | --- | --- |"]
     for key in sorted(results):
         for b, r in sorted(results[key].items()):
-            if b.startswith("torch:") or r["status"] not in statuses:
+            if not isinstance(r, dict) or b.startswith("torch:") or r["status"] not in statuses:
                 continue
             o = _status(oracle.get(key, {}).get("aot_eager", "?"))[0]
             why = r["reason"].replace("|", "\\|").replace("\n", " ")[:220]
@@ -73,8 +74,8 @@ def fallback_reasons(results: dict) -> str:
     c: collections.Counter = collections.Counter()
     for row in results.values():
         for b, r in row.items():
-            if not b.startswith("torch:") and r["status"] == "fallback":
-                c[(b, r["reason"].split(":")[0] + ": " + r["reason"][:150])] += 1
+            if isinstance(r, dict) and not b.startswith("torch:") and r["status"] == "fallback":
+                c[(b, r["reason"][:150])] += 1
     lines = ["| backend | samples | reason (first) |", "| --- | ---: | --- |"]
     for (b, why), n in c.most_common(40):
         lines.append(f"| {b} | {n} | {why.replace('|', '/')} |")
@@ -93,7 +94,7 @@ def main() -> int:
         known: dict = {}
         for key, row in results.items():
             for b, r in row.items():
-                if not b.startswith("torch:") and r["status"] in BAD:
+                if isinstance(r, dict) and not b.startswith("torch:") and r["status"] in BAD:
                     known.setdefault(b, {})[key] = [r["status"], r["reason"][:300]]
         (HERE / "known.json").write_text(json.dumps(known, indent=1, sort_keys=True) + "\n")
         return 0

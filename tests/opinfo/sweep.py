@@ -71,6 +71,20 @@ class Case:
     grad: bool  # compare input gradients too
     output_process: Callable[[Any], Any]
 
+    @property
+    def sig(self) -> str:
+        """A fingerprint of the sample (source, tensor metadata, constants), so that an oracle
+        computed elsewhere (another torch version) is used only for the very same sample."""
+        import re
+
+        parts = [self.fn_source] + [
+            f"{t.dtype}{list(t.shape)}{t.layout}"
+            f"{t.stride() if t.layout == torch.strided else ''}{t.requires_grad}"
+            for t in self.tensors]
+        parts += [f"{k}={v!r}" for k, v in sorted(self.fn_globals.items()) if k != "OP"]
+        text = re.sub(r" at 0x[0-9a-f]+", "", "|".join(parts))
+        return f"{zlib.crc32(text.encode()):08x}"
+
     def make_fn(self) -> Callable[..., Any]:
         """A fresh function (fresh code object: no compile cache shared across cases)."""
         ns = dict(self.fn_globals)
@@ -449,6 +463,7 @@ def _sweep(args: argparse.Namespace) -> int:
                     r = Result("error", "torch.compile crashed: " + _short(e))
                 row[f"torch:{b}"] = dataclasses.asdict(r)
                 totals[f"torch:{b}"][r.status] += 1
+            row["sig"] = case.sig
             results[case.key] = row
             if args.verbose:
                 print(case.key, {k: v["status"] for k, v in row.items()}, flush=True)
@@ -464,12 +479,56 @@ def _sweep(args: argparse.Namespace) -> int:
         merged = old.get("results", {})
         for key, row in results.items():
             entry = merged.setdefault(key, {})
+            if entry.get("sig") not in (None, row["sig"]):
+                entry.clear()  # another sample under this key: the old results are not its own
+            entry["sig"] = row["sig"]
             for b in oracle_backends:
                 r = row[f"torch:{b}"]
                 entry[b] = r["status"] if not r["reason"] else [r["status"], r["reason"][:200]]
-        ORACLE.write_text(json.dumps({"torch": torch.__version__, "samples": args.samples,
-                                      "results": merged}, indent=0, sort_keys=True) + "\n")
+        versions = old.get("torch_versions", {})
+        versions.update({b: torch.__version__ for b in oracle_backends})
+        ORACLE.write_text(json.dumps({"torch_versions": versions, "results": merged},
+                                     indent=0, sort_keys=True) + "\n")
     return 0
+
+
+def merge_oracle(paths: list[str], backend: str) -> tuple[int, int]:
+    """Merge ``torch:<backend>`` results from sweep outputs made elsewhere (another machine or
+    torch version) into oracle.json, keeping only samples identical to this torch's (same sig).
+    Returns (merged, dropped)."""
+    rows: dict[str, Any] = {}
+    versions = set()
+    for p in paths:
+        d = json.loads(Path(p).read_text())
+        versions.add(d.get("torch", "?"))
+        rows.update(d["results"])
+    ops = {op_key(op): op for op in selected_ops()}
+    by_op: dict[str, list[str]] = collections.defaultdict(list)
+    for key in rows:
+        by_op[key.rsplit("#", 1)[0]].append(key)
+    old = load_oracle()
+    merged = old.get("results", {})
+    n = dropped = 0
+    for name, keys in by_op.items():
+        if name not in ops:
+            dropped += len(keys)
+            continue
+        n_samples = 1 + max(int(k.rsplit("#", 1)[1]) for k in keys)
+        local = {c.key: c.sig for c in cases_for(ops[name], n_samples)}
+        for key in keys:
+            r = rows[key].get(f"torch:{backend}")
+            if r is None or local.get(key) != rows[key].get("sig"):
+                dropped += 1
+                continue
+            entry = merged.setdefault(key, {})
+            entry.setdefault("sig", local[key])
+            entry[backend] = r["status"] if not r["reason"] else [r["status"], r["reason"][:200]]
+            n += 1
+    vers = old.get("torch_versions", {})
+    vers[backend] = ",".join(sorted(versions))
+    ORACLE.write_text(json.dumps({"torch_versions": vers, "results": merged}, indent=0,
+                                 sort_keys=True) + "\n")
+    return n, dropped
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -482,8 +541,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shard", default="", help="k/n: every n-th op starting at k")
     p.add_argument("--time-limit", type=float, default=60.0, help="seconds per sample")
     p.add_argument("--out", default="", help="write every result to this JSON file")
+    p.add_argument("--merge-oracle", nargs="*", default=None, metavar="FILE",
+                   help="merge torch:<--oracle backend> results of these --out files")
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
+    if args.merge_oracle is not None:
+        n, dropped = merge_oracle(args.merge_oracle, args.oracle)
+        print(f"merged {n} samples, dropped {dropped} (not the same sample here)")
+        return 0
     return _sweep(args)
 
 

@@ -165,6 +165,8 @@ class Training:
                         g = torch.zeros(meta[0], dtype=meta[2], device=meta[3])
                     else:
                         present.add(j)
+                        if g.layout != torch.strided:  # a sparse gradient (to_dense's backward)
+                            g = g.to_dense()
                         if g.stride() != meta[1] or g.dtype != meta[2]:
                             g = g.to(meta[2]).contiguous()  # traced tangents are contiguous
                     tangents.append(g)
