@@ -6,6 +6,7 @@ contiguous so gcc vectorizes them. bfloat16/float16 are computed in float and ro
 from __future__ import annotations
 
 import math
+import os
 import re
 from typing import Any, Sequence
 
@@ -540,12 +541,26 @@ class CppKernel:
         return " + ".join(reversed(terms))
 
 
-def generate_cpp(sched: Scheduler, dtypes: dict[str, torch.dtype]) -> str:
-    """The whole C++ source of a graph: prelude plus one function per region."""
-    parts = [PRELUDE]
+# a graph's kernels are split into this many sources at most (built in parallel) once they are
+# long enough that gcc's time dominates its start-up
+MAX_SOURCES = max(1, min(4, os.cpu_count() or 1))
+SPLIT_MIN_LINES = 150
+
+
+def generate_cpp(sched: Scheduler, dtypes: dict[str, torch.dtype]) -> list[str]:
+    """The C++ sources of a graph: each is the prelude plus some of the regions' functions."""
+    funcs = []
     for step in sched.steps:
         if isinstance(step, CppRegion):
-            with set_ops_handler(None):
-                pass
-            parts.append(CppKernel(step, sched, dtypes).generate())
-    return "\n".join(parts)
+            funcs.append(CppKernel(step, sched, dtypes).generate())
+    if not funcs:
+        return []
+    total = sum(f.count("\n") for f in funcs)
+    n = min(MAX_SOURCES, len(funcs), max(1, total // SPLIT_MIN_LINES))
+    chunks: list[list[str]] = [[] for _ in range(n)]
+    sizes = [0] * n
+    for f in funcs:  # contiguous chunks of about equal length, in program order
+        i = min(n - 1, sum(sizes) * n // max(total, 1))
+        chunks[i].append(f)
+        sizes[i] += f.count("\n")
+    return [PRELUDE + "\n" + "\n".join(c) for c in chunks if c]

@@ -52,10 +52,10 @@ def _tuple(xs: Any) -> str:
 
 
 class WrapperWriter:
-    def __init__(self, graph: Any, sched: Scheduler, cpp_source: str, key: str):
+    def __init__(self, graph: Any, sched: Scheduler, cpp_sources: list[str], key: str):
         self.g = graph
         self.s = sched
-        self.cpp = cpp_source
+        self.cpp = cpp_sources
         self.key = key
 
     def value(self, v: Any) -> str:
@@ -81,7 +81,7 @@ class WrapperWriter:
             "import torch",
         ]
         if regions:
-            head.append("from ember_inductor.runtime.cache import load_cpp")
+            head.append("from ember_inductor.runtime.cache import compile_cpp_many, load_cpp")
         head += [
             "",
             "_empty = torch.empty_strided",
@@ -94,11 +94,20 @@ class WrapperWriter:
         consts = [t for t in g.constants]
         head.append(f"CONSTANTS = {consts!r}  # get_attr tensors, bound by the loader")
         if regions:
-            head.append("CPP_SOURCE = r'''" + self.cpp + "'''")
-            head.append("_lib = load_cpp(CPP_SOURCE)")
+            head.append("CPP_SOURCES = [")
+            for src in self.cpp:
+                head.append("r'''" + src + "''',")
+            head.append("]")
+            head.append("compile_cpp_many(CPP_SOURCES)  # what the cache lacks builds in parallel")
+            head.append("_libs = [load_cpp(s) for s in CPP_SOURCES]")
+            where = {}
+            for i, src in enumerate(self.cpp):
+                for r in regions:
+                    if f'extern "C" void {r.name}(' in src:
+                        where[r.name] = i
             for r in regions:
                 n = len(r.reads) + len(r.writes)
-                head.append(f"{r.name} = _lib.{r.name}")
+                head.append(f"{r.name} = _libs[{where[r.name]}].{r.name}")
                 head.append(f"{r.name}.argtypes = [ctypes.c_void_p] * {n}")
                 head.append(f"{r.name}.restype = None")
         head.append("")
@@ -167,8 +176,8 @@ class WrapperWriter:
         return out
 
 
-def generate_wrapper(graph: Any, sched: Scheduler, cpp_source: str, key: str) -> str:
-    return WrapperWriter(graph, sched, cpp_source, key).generate()
+def generate_wrapper(graph: Any, sched: Scheduler, cpp_sources: list[str], key: str) -> str:
+    return WrapperWriter(graph, sched, cpp_sources, key).generate()
 
 
 del InputBuffer
