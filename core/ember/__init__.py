@@ -10,6 +10,7 @@ from __future__ import annotations
 from . import config
 from ._logging import set_logs
 from .api import OptimizedModule, compile, disable, is_compiling, reset
+from .api import captures, last_capture
 from .context import CompileContext
 from .exc import (BackendCompilerFailed, BackendConflict, BackendLoadError, BackendNotFound,
                   EmberError, GraphBreakError, InferenceOnlyBackend, NotImplementedYet,

@@ -11,7 +11,8 @@ import torch
 
 from .plugins import Backend, get_backend
 
-__all__ = ["compile", "disable", "reset", "is_compiling", "OptimizedModule", "SUPPORTED_PYTHONS"]
+__all__ = ["compile", "disable", "reset", "is_compiling", "OptimizedModule", "SUPPORTED_PYTHONS",
+           "last_capture", "captures"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -187,3 +188,56 @@ def is_compiling() -> bool:
     from .capture.frame import is_compiling as _ic
 
     return _ic()
+
+
+def last_capture() -> Any:
+    """The most recent :class:`ember.capture.artifact.Capture` in this process (any function),
+    or None: its ``graph`` (torch-level ``fx.GraphModule``), ``inputs`` (source, kind, whether
+    the address is stable), ``guards`` and ``entry_source``; ``readable()`` prints them all."""
+    from .capture.artifact import last_capture as _last
+
+    return _last()
+
+
+def _compiled_function(obj: Any) -> Any:
+    from .capture.frame import CompiledFunction
+
+    for _ in range(4):
+        if isinstance(obj, CompiledFunction):
+            return obj
+        if isinstance(obj, OptimizedModule):
+            obj = obj.__dict__["_ember_call"]
+        elif isinstance(obj, functools.partial):
+            obj = obj.func
+        else:
+            obj = getattr(obj, "_ember_call", None)
+    return None
+
+
+def captures(fn: Any) -> list[Any]:
+    """The captures behind ``fn`` (what :func:`compile` returned): one per cached entry, most
+    recent first, followed by those of the functions its graph breaks continue in (resume
+    functions and compiled callees), depth first."""
+    from .capture.frame import CompiledFunction
+
+    cf = _compiled_function(fn)
+    if cf is None:
+        raise TypeError(f"ember.captures expects what ember.compile returned, got "
+                        f"{type(fn).__name__}")
+    out: list[Any] = []
+    seen: set[int] = set()
+
+    def visit(c: Any) -> None:
+        if id(c.cache) in seen:
+            return
+        seen.add(id(c.cache))
+        for entry in c.cache.entries:
+            cap = getattr(entry, "capture", None)
+            if cap is not None:
+                out.append(cap)
+            for v in getattr(entry, "__globals__", {}).values():
+                if isinstance(v, CompiledFunction):
+                    visit(v)
+
+    visit(cf)
+    return out

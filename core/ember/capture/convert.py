@@ -27,9 +27,11 @@ from ..backends import compile_graph
 from ..context import InputInfo, graph_id_for
 from ..exc import Unsupported
 from . import resume as resume_mod
+from . import artifact
+from .artifact import Capture, CaptureInput
 from .guards import function_state_guards
 from .interpreter import BreakHere, Frame, LazyVar, Tracer
-from .output import OutputGraph, Reconstructor, build_entry
+from .output import OutputGraph, Reconstructor, build_entry, entry_source
 from .variables import (BoundMethodVar, CellVar, DictVar, FunctionVar,
                         IteratorVar, ListVar, NNModuleVar, NullVar, ObjectVar, SetVar, TensorVar,
                         Var)
@@ -222,6 +224,7 @@ def _convert(fn: Callable[..., Any], args: tuple, kwargs: dict, backend: Any,
                           "functions", where=f"{code.co_filename}:{code.co_firstlineno}")
     out = OutputGraph(fn.__globals__)
     tracer = Tracer(out, fn)
+    out.tracer = tracer
     tracer.break_at = break_at
     frame = _root_frame(fn, args, kwargs, tracer)
     grad = torch.is_grad_enabled()
@@ -315,6 +318,8 @@ def _convert(fn: Callable[..., Any], args: tuple, kwargs: dict, backend: Any,
     has_ops = any(n.op in ("call_function", "call_method") for n in graph.nodes)
     input_exprs: list[str] = []
     gm = None
+    example_inputs: list[Any] = []
+    inputs: list[CaptureInput] = []
     if has_ops:
         graph.output(tuple(outputs))
         _dce(graph)
@@ -333,6 +338,10 @@ def _convert(fn: Callable[..., Any], args: tuple, kwargs: dict, backend: Any,
         gm.recompile()
         example_inputs = [value for _, _, value in used]
         input_exprs = [out.fetch.get(source, source) for _, source, _ in used]
+        for _, source, _ in used:
+            kind = out.input_kinds.get(source, "user")
+            inputs.append(CaptureInput(kind, source, out.fetch.get(source, source),
+                                       kind in ("parameter", "buffer")))
         n_ops = sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method"))
         events.counters["stats"]["graphs"] += 1
         events.counters["stats"]["ops"] += n_ops
@@ -342,10 +351,6 @@ def _convert(fn: Callable[..., Any], args: tuple, kwargs: dict, backend: Any,
                            gm.print_readable(print_output=False))
         events.emit("graph_captured", function=f"{code.co_filename}:{code.co_firstlineno}",
                     name=code.co_name, ops=n_ops, graph=gm)
-        compiled = compile_graph(gm, example_inputs, backend, options,
-                                 inputs=_input_infos(out, used), graph_id=_next_graph_id(code))
-    else:
-        compiled = None
     prologue: tuple[str, ...] = ()
     if out.autocast_exits:
         prologue = ("___n0 = ___autocast_nesting()",)
@@ -355,13 +360,35 @@ def _convert(fn: Callable[..., Any], args: tuple, kwargs: dict, backend: Any,
     generated = "\n".join(out.guards.exprs + body + input_exprs + list(prologue))
     out.guards.add_first(function_state_guards(
         fn, out.ns, uses_globals=re.search(r"___G(?![A-Za-z0-9_])", generated) is not None))
-    entry = build_entry(fn, out, compiled, input_exprs, body, prologue)
-    entry.graph_module = gm  # type: ignore[attr-defined]
+    cap = Capture(function=f"{code.co_filename}:{code.co_firstlineno} in {code.co_name}",
+                  graph_id=_next_graph_id(code) if gm is not None else "", graph=gm,
+                  inputs=tuple(inputs), guards=tuple(out.guards.exprs),
+                  break_reason=reason.reason if broke is not None and reason is not None
+                  else None, example_inputs=example_inputs, body=tuple(body))
+    cap.entry_source = entry_source(fn, out, gm is not None, input_exprs, body, prologue)
+    events.emit("timing", stage="capture", function=code.co_name,
+                seconds=time.perf_counter() - t0)
+    return compile_capture(fn, cap, out, input_exprs, prologue, backend, options)
+
+
+def compile_capture(fn: Callable[..., Any], cap: Capture, out: OutputGraph,
+                    input_exprs: list[str], prologue: tuple[str, ...], backend: Any,
+                    options: dict[str, Any]) -> Callable[..., Any]:
+    """The second step: compile the captured graph with ``backend`` and build the entry."""
+    code = fn.__code__
+    compiled = None
+    if cap.graph is not None:
+        infos = [InputInfo(i.kind, i.source, i.stable_address) for i in cap.inputs]
+        compiled = compile_graph(cap.graph, cap.example_inputs or [], backend, options,
+                                 inputs=infos, graph_id=cap.graph_id)
+    cap.example_inputs = None  # a kept Capture must not keep the call's tensors alive
+    entry = build_entry(fn, out, compiled, input_exprs, list(cap.body), prologue)
+    entry.graph_module = cap.graph  # type: ignore[attr-defined]
+    entry.capture = cap  # type: ignore[attr-defined]
+    artifact.record(cap)
     events.counters["stats"]["entries"] += 1
     events.emit("entry_guards", function=f"{code.co_name} ({code.co_filename}:"
                 f"{code.co_firstlineno})", guards=list(out.guards.exprs))
-    events.emit("timing", stage="capture", function=code.co_name,
-                seconds=time.perf_counter() - t0)
     return entry
 
 
@@ -372,16 +399,6 @@ def _next_graph_id(code: types.CodeType) -> str:
     n = _graph_counts.get(code, 0)
     _graph_counts[code] = n + 1
     return graph_id_for(code, n)
-
-
-def _input_infos(out: OutputGraph, used: list) -> list[InputInfo]:
-    """One InputInfo per graph input: parameters and buffers are read through an identity
-    guard (the same tensor object every call), user inputs are whatever the caller passes."""
-    infos = []
-    for _, source, _ in used:
-        kind = out.input_kinds.get(source, "user")
-        infos.append(InputInfo(kind, source, kind in ("parameter", "buffer")))
-    return infos
 
 
 # ---------------------------------------------------------------------------------------------
@@ -404,7 +421,9 @@ def _resume_call(fn: Any, frame: Frame, rec: Reconstructor, snapshot: Callable[[
     local_exprs, unbound = [], []
     for name in code.co_varnames:
         v = frame.locals.get(name)
-        if v is None:
+        if name in code.co_cellvars:  # passed as its cell (see resume.resume_code)
+            local_exprs.append(snapshot(rec.expr(frame.cells[name])))
+        elif v is None:
             local_exprs.append("None")
             unbound.append(name)
         elif isinstance(v, LazyVar):
@@ -418,6 +437,8 @@ def _resume_call(fn: Any, frame: Frame, rec: Reconstructor, snapshot: Callable[[
         if e:
             stack_exprs.append(e)
     kinds += [resume_mod.STACK_PLAIN] * len(extra)
+    extra = extra + [snapshot(rec.expr(frame.cells[c])) for c in code.co_cellvars
+                     if c not in code.co_varnames]
     rcode = resume_mod.resume_code(code, offset, tuple(kinds), frozenset(unbound))
     rfn = resume_mod.make_function(rcode, fn)
     if compiled:
@@ -450,14 +471,16 @@ class _CompileCall:
         return CompiledFunction(fn, self.backend, self.options)(*args, **kwargs)
 
 
-def _callee(fn_var: Var, rec: Reconstructor, backend: Any, options: dict[str, Any]
-            ) -> tuple[str, list[str]]:
+def _callee(fn_var: Var, rec: Reconstructor, backend: Any, options: dict[str, Any],
+            reason: str | None = None) -> tuple[str, list[str]]:
     name, lead = _callee_inner(fn_var, rec, backend, options)
     target = rec.out.namespace.get(name)
     inner = getattr(target, "fn", None)
     if inner is not None and isinstance(inner, types.FunctionType):
         try:
             inner._ember_callee_of_break = True  # type: ignore[attr-defined]
+            # the callee meets the break its caller broke for: the same event, counted once
+            inner._ember_break_reason = reason  # type: ignore[attr-defined]
         except AttributeError:
             pass
     return name, lead
@@ -495,7 +518,7 @@ def _callee_inner(fn_var: Var, rec: Reconstructor, backend: Any, options: dict[s
 
 
 def _compiled_callee_on_stack(stack: list[Var], ins: Any, rec: Reconstructor, backend: Any,
-                              options: dict[str, Any]) -> tuple[list[Var], bool]:
+                              options: dict[str, Any], reason: str) -> tuple[list[Var], bool]:
     """The stack of a call with its callee replaced by the compiled callee (when it is user
     code), and whether it was replaced."""
     from .variables import ConstVar
@@ -510,7 +533,7 @@ def _compiled_callee_on_stack(stack: list[Var], ins: Any, rec: Reconstructor, ba
             return stack, False
     fn_var = stack[k]
     try:
-        name, lead = _callee(fn_var, rec, backend, options)
+        name, lead = _callee(fn_var, rec, backend, options, reason)
     except Unsupported:
         return stack, False
     target = rec.out.namespace.get(name)
@@ -578,7 +601,8 @@ def _count_break(fn: Any, broke: BreakHere, reason: Unsupported) -> None:
     # function) continues that frame's already-counted split.
     in_resume = frame.code in resume_mod._origin
     if not ((getattr(fn, "_ember_callee_of_break", False) or in_resume)
-            and op0.startswith("POP_JUMP")):
+            and op0.startswith("POP_JUMP")) and \
+            getattr(fn, "_ember_break_reason", None) != text:
         events.counters["graph_breaks"][text] += 1
         events.counters["stats"]["graph_breaks"] += 1
     events.emit("graph_break", reason=text, where=where, function=frame.code.co_name)
@@ -615,7 +639,7 @@ def _break_code(fn: Any, broke: BreakHere, rec: Reconstructor, snapshot: Callabl
             kw = dict(zip(kw_names, args[len(args) - len(kw_names):])) if kw_names else {}
             pos = args[:len(args) - len(kw_names)] if kw_names else args
             _refuse_generator_callee(fn_var, reason)
-            callee, lead = _callee(fn_var, rec, backend, options)
+            callee, lead = _callee(fn_var, rec, backend, options, reason.reason)
             callee = snapshot(callee)
             arg_exprs = lead + [snapshot(rec.expr(a)) for a in pos]
             arg_exprs += [f"{k}={snapshot(rec.expr(v))}" for k, v in kw.items()]
@@ -628,7 +652,7 @@ def _break_code(fn: Any, broke: BreakHere, rec: Reconstructor, snapshot: Callabl
             below = stack[:len(stack) - n_pop]
             if below and isinstance(below[-1], NullVar):
                 below = below[:-1]
-            callee, lead = _callee(fn_var, rec, backend, options)
+            callee, lead = _callee(fn_var, rec, backend, options, reason.reason)
             callee = snapshot(callee)
             arg_exprs = lead + [f"*{snapshot(rec.expr(args_var))}"]
             if kw_var is not None:
@@ -684,7 +708,8 @@ def _break_code(fn: Any, broke: BreakHere, rec: Reconstructor, snapshot: Callabl
     # instruction on, runs as Python. A call inside a try block still compiles its callee: the
     # callee on the stack is replaced by its compiled form.
     if op in ("CALL", "CALL_FUNCTION_EX") and in_try:
-        stack, swapped = _compiled_callee_on_stack(stack, ins, rec, backend, options)
+        stack, swapped = _compiled_callee_on_stack(stack, ins, rec, backend, options,
+                                                   reason.reason)
     else:
         swapped = False
     if not swapped and not any(n.op in ("call_function", "call_method")

@@ -141,6 +141,10 @@ def _cache_key(backend: Any, options: dict[str, Any], fullgraph: bool) -> tuple:
 
 
 def reset_caches() -> None:
+    from . import artifact, convert
+
+    artifact.clear()
+    convert._graph_counts.clear()
     for c in _code_caches.values():
         c.entries = []
         c.misses = 0

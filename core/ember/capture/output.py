@@ -166,6 +166,8 @@ class OutputGraph:
         #: autocast regions opened before this graph that it leaves (device, enabled, dtype).
         self.autocast_exits: list[tuple] = []
         self.var_by_source: dict[str, Var] = {}
+        #: the Tracer filling this graph (set by capture): node locations come from its frames
+        self.tracer: Any = None
         #: graph input kind by source: "parameter", "buffer" or "user" (see ember.context)
         self.input_kinds: dict[str, str] = {}
         # side effects to replay after the graph runs, in program order
@@ -245,7 +247,26 @@ class OutputGraph:
         return " and ".join(parts)
 
     def create_node(self, op: str, target: Any, args: tuple, kwargs: dict) -> torch.fx.Node:
-        return self.graph.create_node(op, target, args, kwargs)
+        node = self.graph.create_node(op, target, args, kwargs)
+        trace = self.user_stack()
+        if trace:
+            node.meta["stack_trace"] = trace
+        return node
+
+    def user_stack(self) -> str:
+        """The user's frames (outermost first) at the instruction being traced, formatted as a
+        Python traceback (what fx prints as ``# File: ...`` in readable graphs)."""
+        tracer = self.tracer
+        if tracer is None:
+            return ""
+        import linecache
+        parts = []
+        for f in tracer.frames:
+            line = getattr(f, "lineno", None) or f.code.co_firstlineno
+            text = linecache.getline(f.code.co_filename, line).strip()
+            parts.append(f'  File "{f.code.co_filename}", line {line}, in {f.code.co_name}\n'
+                         f"    {text}\n")
+        return "".join(parts)
 
     # -- finishing ---------------------------------------------------------------------------
     def graph_module(self, output_nodes: list[torch.fx.Node]) -> torch.fx.GraphModule:
@@ -380,6 +401,8 @@ class Reconstructor:
         if isinstance(v, ContainerMethodVar):
             return f"{self.expr(v.obj)}.{v.name}"
         if isinstance(v, CellVar):
+            if getattr(v, "per_call", False):  # a resume function's cell: its own each call
+                return v.source
             if v.real_cell is not None:
                 return out.ns(v.real_cell, "cell")
             return f"___mkcell({self.expr(v.value) if v.value is not None else ''})"
@@ -440,22 +463,13 @@ def signature_source(code: types.CodeType) -> str:
     return ", ".join(parts)
 
 
-def build_entry(fn: Callable[..., Any], out: OutputGraph, compiled: Callable[..., Any] | None,
-                input_exprs: list[str], body: list[str],
-                prologue: tuple[str, ...] = ()) -> Callable[..., Any]:
-    """Generate the entry function: guards, graph call, side effects, result (or break)."""
-    from .frame import MISS
-
-    code = fn.__code__
-    sig = signature_source(code)
+def entry_source(fn: Callable[..., Any], out: OutputGraph, has_graph: bool,
+                 input_exprs: list[str], body: list[str], prologue: tuple[str, ...] = ()) -> str:
+    """The entry function's source: guards, graph call, side effects, result (or break)."""
+    sig = signature_source(fn.__code__)
     # The function being called comes first: functions sharing this code object share entries,
     # and each call's guards read that call's own function (closure, defaults, globals).
     sig = f"{FN}, {sig}" if sig else FN
-    ns = dict(out.namespace)
-    ns["___MISS"] = MISS
-    ns["___compiled"] = compiled
-    if getattr(compiled, "swap", False) is None:  # drop the first-call output check once done
-        compiled.swap = lambda raw: ns.__setitem__("___compiled", raw)
     guard_expr = " and\n            ".join(out.guards.exprs) or "True"
     lines = [f"def ___entry({sig}):",
              "    try:",
@@ -464,10 +478,27 @@ def build_entry(fn: Callable[..., Any], out: OutputGraph, compiled: Callable[...
              "    except Exception:",
              "        return ___MISS"]
     lines += ["    " + p for p in prologue]
-    if compiled is not None:
+    if has_graph:
         lines.append(f"    ___o = ___compiled({', '.join(input_exprs)})")
     lines += ["    " + b for b in body]
-    src = "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n"
+
+
+def build_entry(fn: Callable[..., Any], out: OutputGraph, compiled: Callable[..., Any] | None,
+                input_exprs: list[str], body: list[str],
+                prologue: tuple[str, ...] = ()) -> Callable[..., Any]:
+    """Generate the entry function: guards, graph call, side effects, result (or break)."""
+    from .frame import MISS
+
+    code = fn.__code__
+    sig = signature_source(code)
+    sig = f"{FN}, {sig}" if sig else FN
+    ns = dict(out.namespace)
+    ns["___MISS"] = MISS
+    ns["___compiled"] = compiled
+    if getattr(compiled, "swap", False) is None:  # drop the first-call output check once done
+        compiled.swap = lambda raw: ns.__setitem__("___compiled", raw)
+    src = entry_source(fn, out, compiled is not None, input_exprs, body, prologue)
     # A second function evaluates the guards one by one to name the first that fails.
     explain_lines = [f"def ___failed_guard({sig}):"]
     for g in out.guards.exprs:
