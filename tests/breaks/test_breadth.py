@@ -144,3 +144,54 @@ def test_config_copied_and_method_folded_with_state_guard() -> None:
     assert ember.events.counters["stats"].get("fallbacks", 0) == 0
     cfg.layers = 7  # the state guard notices: a recompile, not a stale answer
     torch.testing.assert_close(compiled(x), f(x))
+
+
+def test_break_in_function_with_cell_variables_resumes() -> None:
+    """A function whose locals are captured by an inner function resumes after a break (the
+    resume function receives the cells themselves), instead of running eagerly."""
+    def f(x, n):
+        k = 2
+        acc = []
+
+        def inner(t):
+            return t * k
+        y = inner(x)
+        print("break")
+        k = 3
+        acc.append(1)
+        z = inner(y) + len(acc)
+
+        def bump():
+            nonlocal k
+            k = k + n
+        bump()
+        print("again")
+        return z * k
+
+    x = torch.randn(3)
+    for backend in ("eager", "aot_eager"):
+        ember.reset()
+        compiled = ember.compile(f, backend=backend)
+        for n in (4, 5):
+            torch.testing.assert_close(compiled(x, n), f(x, n))
+        stats = ember.events.counters["stats"]
+        assert stats.get("fallbacks", 0) == 0 and stats["graphs"] >= 3, dict(stats)
+
+
+def test_break_in_try_block_still_compiles_the_callee() -> None:
+    def helper(x):
+        y = x.sin()
+        print("break")
+        return y.cos() * 2
+
+    def f(x):
+        try:
+            out = helper(x)
+        finally:
+            pass
+        return out + 1
+
+    x = torch.randn(3)
+    out, stats, _ = _compile_run(f, x)
+    torch.testing.assert_close(out, f(x))
+    assert stats.get("fallbacks", 0) == 0 and stats["graphs"] >= 2, stats

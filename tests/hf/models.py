@@ -186,7 +186,7 @@ SPECS: dict[str, Spec] = {
                     shared_expert_intermediate_size=32),
     "olmoe": _s("olmoe", "moe", "ids", _LLAMA, auto="AutoModelForCausalLM", num_experts=4,
                 num_experts_per_tok=2),
-    "switch_transformers": _s("switch_transformers", "moe", "ids_dec", dict(
+    "switch_transformers": _s("switch_transformers", "moe", "ids_dec_mask", dict(
         vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2,
         num_heads=4, num_experts=4, num_sparse_encoder_layers=1, num_sparse_decoder_layers=1,
         decoder_start_token_id=0)),
@@ -212,6 +212,9 @@ def make_inputs(spec: Spec, config: Any, seed: int = 0) -> dict[str, torch.Tenso
         return {"input_ids": ids}
     if spec.inputs == "ids_dec":
         return {"input_ids": ids, "decoder_input_ids": torch.randint(3, VOCAB, (2, 4), generator=g)}
+    if spec.inputs == "ids_dec_mask":  # its encoder has no default mask under a compiler
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                "decoder_input_ids": torch.randint(3, VOCAB, (2, 4), generator=g)}
     if spec.inputs == "pixels":
         size = getattr(config, "image_size", 32)
         size = size if isinstance(size, int) else 32

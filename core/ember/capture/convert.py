@@ -471,16 +471,14 @@ class _CompileCall:
         return CompiledFunction(fn, self.backend, self.options)(*args, **kwargs)
 
 
-def _callee(fn_var: Var, rec: Reconstructor, backend: Any, options: dict[str, Any],
-            reason: str | None = None) -> tuple[str, list[str]]:
+def _callee(fn_var: Var, rec: Reconstructor, backend: Any, options: dict[str, Any]
+            ) -> tuple[str, list[str]]:
     name, lead = _callee_inner(fn_var, rec, backend, options)
     target = rec.out.namespace.get(name)
     inner = getattr(target, "fn", None)
     if inner is not None and isinstance(inner, types.FunctionType):
         try:
             inner._ember_callee_of_break = True  # type: ignore[attr-defined]
-            # the callee meets the break its caller broke for: the same event, counted once
-            inner._ember_break_reason = reason  # type: ignore[attr-defined]
         except AttributeError:
             pass
     return name, lead
@@ -518,7 +516,7 @@ def _callee_inner(fn_var: Var, rec: Reconstructor, backend: Any, options: dict[s
 
 
 def _compiled_callee_on_stack(stack: list[Var], ins: Any, rec: Reconstructor, backend: Any,
-                              options: dict[str, Any], reason: str) -> tuple[list[Var], bool]:
+                              options: dict[str, Any]) -> tuple[list[Var], bool]:
     """The stack of a call with its callee replaced by the compiled callee (when it is user
     code), and whether it was replaced."""
     from .variables import ConstVar
@@ -533,7 +531,7 @@ def _compiled_callee_on_stack(stack: list[Var], ins: Any, rec: Reconstructor, ba
             return stack, False
     fn_var = stack[k]
     try:
-        name, lead = _callee(fn_var, rec, backend, options, reason)
+        name, lead = _callee(fn_var, rec, backend, options)
     except Unsupported:
         return stack, False
     target = rec.out.namespace.get(name)
@@ -601,8 +599,7 @@ def _count_break(fn: Any, broke: BreakHere, reason: Unsupported) -> None:
     # function) continues that frame's already-counted split.
     in_resume = frame.code in resume_mod._origin
     if not ((getattr(fn, "_ember_callee_of_break", False) or in_resume)
-            and op0.startswith("POP_JUMP")) and \
-            getattr(fn, "_ember_break_reason", None) != text:
+            and op0.startswith("POP_JUMP")):
         events.counters["graph_breaks"][text] += 1
         events.counters["stats"]["graph_breaks"] += 1
     events.emit("graph_break", reason=text, where=where, function=frame.code.co_name)
@@ -639,7 +636,7 @@ def _break_code(fn: Any, broke: BreakHere, rec: Reconstructor, snapshot: Callabl
             kw = dict(zip(kw_names, args[len(args) - len(kw_names):])) if kw_names else {}
             pos = args[:len(args) - len(kw_names)] if kw_names else args
             _refuse_generator_callee(fn_var, reason)
-            callee, lead = _callee(fn_var, rec, backend, options, reason.reason)
+            callee, lead = _callee(fn_var, rec, backend, options)
             callee = snapshot(callee)
             arg_exprs = lead + [snapshot(rec.expr(a)) for a in pos]
             arg_exprs += [f"{k}={snapshot(rec.expr(v))}" for k, v in kw.items()]
@@ -652,7 +649,7 @@ def _break_code(fn: Any, broke: BreakHere, rec: Reconstructor, snapshot: Callabl
             below = stack[:len(stack) - n_pop]
             if below and isinstance(below[-1], NullVar):
                 below = below[:-1]
-            callee, lead = _callee(fn_var, rec, backend, options, reason.reason)
+            callee, lead = _callee(fn_var, rec, backend, options)
             callee = snapshot(callee)
             arg_exprs = lead + [f"*{snapshot(rec.expr(args_var))}"]
             if kw_var is not None:
@@ -708,8 +705,7 @@ def _break_code(fn: Any, broke: BreakHere, rec: Reconstructor, snapshot: Callabl
     # instruction on, runs as Python. A call inside a try block still compiles its callee: the
     # callee on the stack is replaced by its compiled form.
     if op in ("CALL", "CALL_FUNCTION_EX") and in_try:
-        stack, swapped = _compiled_callee_on_stack(stack, ins, rec, backend, options,
-                                                   reason.reason)
+        stack, swapped = _compiled_callee_on_stack(stack, ins, rec, backend, options)
     else:
         swapped = False
     if not swapped and not any(n.op in ("call_function", "call_method")

@@ -111,6 +111,8 @@ class Tracer:
         self.handled_exc: BaseException | None = None
         #: ids of plain objects copied for real while tracing (stores to them are applied)
         self.owned_objects: set[int] = set()
+        #: the cells a resume function received, by id of the real cell
+        self.cells_by_id: dict[int, CellVar] = {}
 
     # =========================================================================================
     # Wrapping real values
@@ -701,6 +703,8 @@ class Tracer:
             if f in rules.CONST_RESULTS:
                 from .builtins import call_builtin
                 return call_builtin(self, f, args, kwargs)
+            if f is torch.nn.Module.to and args and isinstance(args[0], NNModuleVar):
+                return _module_to(args[0], args[1:], kwargs)
             if f is _FUNCTION_APPLY and args and isinstance(args[0], ClassVar):
                 # a custom autograd.Function: one node that applies it; AOT autograd traces its
                 # forward into the forward graph and its backward into the backward graph
@@ -754,6 +758,10 @@ class Tracer:
         cells: dict[str, CellVar] = {}
         if closure:
             for i, (name, cell) in enumerate(zip(code.co_freevars, closure)):
+                known = self.cells_by_id.get(id(cell))
+                if known is not None:
+                    cells[name] = known
+                    continue
                 src = f"{fn_source}.__closure__[{i}]" if fn_source else self.out.ns(cell, "cell")
                 cells[name] = CellVar(None, real_cell=cell, source=src)
         return cells
@@ -991,6 +999,17 @@ class Frame:
         self.globals_source = globals_source
         self.locals = locals_
         self.cells = cells
+        from .resume import cell_params
+        for name, param in cell_params.get(code, {}).items():
+            # a resume function's cells arrive as cell objects (see resume.resume_code)
+            lv = locals_.pop(name, None) if param == name else locals_.get(param)
+            if isinstance(lv, LazyVar) and isinstance(lv.value, types.CellType):
+                cell = CellVar(None, real_cell=lv.value, source=lv.source)
+                cell.per_call = True  # type: ignore[attr-defined]
+                self.cells[name] = cell
+                tracer.cells_by_id[id(lv.value)] = cell  # closures over it share this Var
+                if param != name:
+                    locals_[param] = cell  # the prologue moves it into the cell slot
         for name in code.co_cellvars:
             if name not in self.cells:
                 self.cells[name] = CellVar(locals_.pop(name, None) if name in locals_ else None)
@@ -1744,6 +1763,22 @@ def _key(v: Var) -> Any:
     if v.is_const():
         return v.as_const()
     raise Unsupported(f"a dict key must be a Python constant, got {v.describe()}")
+
+
+def _module_to(mv: NNModuleVar, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    """``module.to(...)`` that changes nothing (its tensors already have that dtype and device)
+    is the module itself; one that would convert them is not traced."""
+    try:
+        device, dtype, _, _ = torch._C._nn._parse_to(*[a.as_const() for a in args],
+                                                     **{k: a.as_const() for k, a in kwargs.items()})
+    except Exception as e:
+        raise Unsupported(f"module.to() with non-constant arguments: {e}")
+    for t in (*mv.value.parameters(), *mv.value.buffers()):
+        if (device is not None and t.device != torch.device(device)) or (
+                dtype is not None and (t.is_floating_point() or t.is_complex()) and
+                t.dtype != dtype):
+            raise Unsupported("module.to() that converts parameters inside a compiled region")
+    return mv
 
 
 def _python_original(fn: Any) -> types.FunctionType | None:

@@ -118,6 +118,10 @@ _cache: dict[tuple, types.CodeType] = {}
 _origin: dict[types.CodeType, tuple[types.CodeType, int]] = {}
 
 
+#: resume code -> {cell variable: the parameter that brings its cell object}
+cell_params: dict[types.CodeType, dict[str, str]] = {}
+
+
 def original_position(code: types.CodeType, offset: int) -> tuple[types.CodeType, int]:
     """Map an offset in a (possibly resume) code object to the user's original code, so that a
     break inside a loop resumes through the same code object on every iteration."""
@@ -134,28 +138,34 @@ def resume_code(code: types.CodeType, target_offset: int, stack_kinds: tuple[str
                 unbound: frozenset[str]) -> types.CodeType:
     """Code object that continues ``code`` at ``target_offset``.
 
-    Parameters: ``code.co_varnames`` (all locals, unbound ones passed as None) then one per
-    non-NULL stack value, bottom first.
+    Parameters: ``code.co_varnames`` (all locals, unbound ones passed as None; a local that is
+    a cell variable passed as its cell) then one per non-NULL stack value, bottom first, then the
+    cells of the other cell variables (``co_cellvars`` order).
     """
     key = (code, target_offset, stack_kinds, unbound)
     hit = _cache.get(key)
     if hit is not None:
         return hit
-    if code.co_cellvars:
-        raise Unsupported("graph break in a function whose locals are captured by an inner "
-                          "function (cell variables); the whole function runs eagerly")
     if code.co_flags & _CO_GENERATOR_LIKE:
         raise Unsupported("graph break in a generator or coroutine")
     nv = len(code.co_varnames)
     stack_names = tuple(f"___stack{nv + i}" for i, k in enumerate(stack_kinds)
                         if k != STACK_NULL)
-    varnames = code.co_varnames + stack_names
+    # Cell variables travel as the cell objects themselves: a parameter that is a cell gets its
+    # cell in its own slot; every other cell arrives as an extra parameter that the prologue
+    # stores into the cell's slot (STORE_FAST on a cell slot stores the cell object).
+    pure_cells = tuple(c for c in code.co_cellvars if c not in code.co_varnames)
+    cell_names = tuple(f"___cell_{c}" for c in pure_cells)
+    varnames = code.co_varnames + stack_names + cell_names
     prologue = bytearray()
     if code.co_freevars:
         _emit(prologue, "COPY_FREE_VARS", len(code.co_freevars))
     _emit(prologue, "RESUME", 0)
     for name in sorted(unbound):
         _emit(prologue, "DELETE_FAST", code.co_varnames.index(name))
+    for j, name in enumerate(cell_names):
+        _emit(prologue, "LOAD_FAST", varnames.index(name))
+        _emit(prologue, "STORE_FAST", len(varnames) + j)
     consts = code.co_consts + (iter,)
     iter_const = len(consts) - 1
     j = 0
@@ -184,7 +194,7 @@ def resume_code(code: types.CodeType, target_offset: int, stack_kinds: tuple[str
                        OP["EXTENDED_ARG"], (delta_units >> 8) & 255,
                        OP["JUMP_FORWARD"], delta_units & 255])
     units = len(prologue) // 2
-    body = _remap_derefs(code.co_code, len(stack_names), nv)
+    body = _remap_derefs(code.co_code, len(stack_names) + len(cell_names), nv)
     flags = code.co_flags & ~(_CO_VARARGS | _CO_VARKEYWORDS)
     new = code.replace(
         co_code=bytes(prologue) + body,
@@ -203,6 +213,10 @@ def resume_code(code: types.CodeType, target_offset: int, stack_kinds: tuple[str
     )
     _cache[key] = new
     _origin[new] = (code, len(prologue))
+    cells = {c: c for c in code.co_cellvars if c in code.co_varnames}
+    cells.update(zip(pure_cells, cell_names))
+    if cells:
+        cell_params[new] = cells
     return new
 
 
