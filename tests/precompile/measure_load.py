@@ -91,8 +91,10 @@ print("RESULT " + json.dumps({{"torch_compile_s": time.perf_counter() - t}}))
 """
 
 
-def _child(code: str) -> dict:
+def _child(code: str, cache_dir: str | None = None) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("EMBER_")}
+    if cache_dir is not None:  # an empty on-disk cache: Ember's compile is really cold
+        env["EMBER_CACHE_DIR"] = cache_dir
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        cwd=pc_cases.ROOT, env=env, timeout=900)
     if p.returncode != 0:
@@ -118,7 +120,8 @@ def measure(model: str, mode: str, backend: str, tmp: str, torch_compile: bool) 
     row = {"model": model, "mode": mode, "precompile_s": pre}
     row.update(_child(_CHILD_LOAD.format(paths=paths, model=model, grad=grad, path=path)))
     row.update(_child(_CHILD_EAGER.format(paths=paths, model=model, mode=mode, grad=grad,
-                                          backend=backend)))
+                                          backend=backend),
+                      cache_dir=tempfile.mkdtemp(dir=tmp, prefix="ember-cache-")))
     if torch_compile:
         code = _CHILD_TORCH.format(paths=paths, model=model, mode=mode, grad=grad)
         row["torch_cold_s"] = _child(code)["torch_compile_s"]  # fills torch's caches

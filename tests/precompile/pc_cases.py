@@ -51,7 +51,7 @@ def perturb(model: Any, seed: int) -> None:
     with torch.no_grad():
         for p in model.parameters():
             if p.is_floating_point():
-                p.add_(torch.randn(p.shape, generator=g).to(p.dtype) * 0.05)
+                p.add_(torch.randn(p.shape, generator=g).to(p.device, p.dtype) * 0.05)
 
 
 def _flat(x: Any) -> list:

@@ -38,12 +38,17 @@ def _run_child(tmp_path, cases: list[dict]) -> list[dict]:
     return json.loads(line[len("RESULTS "):])
 
 
+# CPU results are bitwise or nearly so; GPU kernels (TF32, cuDNN algorithms) are not
+# deterministic between processes, so PC_DEVICE=cuda runs compare more loosely.
+TOL = 1e-5 if os.environ.get("PC_DEVICE", "cpu") == "cpu" else 1e-3
+
+
 def _assert_close(res: dict, case: dict) -> None:
-    assert res["max_diff"] <= 1e-5, (case, res)
+    assert res["max_diff"] <= TOL, (case, res)
     if case["mode"] == "train":
         assert res["grad_missing"] == [], (case, res)
         assert res["grad_max_abs"] > 0, (case, res)  # gradients were produced at all
-        assert res["grad_max_diff"] <= 1e-5 * max(1.0, res["grad_max_abs"]), (case, res)
+        assert res["grad_max_diff"] <= TOL * max(1.0, res["grad_max_abs"]), (case, res)
     assert not res["imported_capture"], "loading must not import capture or AOT tracing"
 
 
