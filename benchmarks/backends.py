@@ -131,6 +131,8 @@ class CompileStats:
         self.graphs: int | None = None
         self.breaks: int | None = None
         self.aot_s: float | None = None
+        self.capture_s: float | None = None  # Ember: bytecode capture, summed over graphs
+        self.backend_s: float | None = None  # Ember: backend compile (AOT included for aten)
         self.notes: list[str] = []
         self.fell_back = False
 
@@ -163,6 +165,12 @@ class CompileStats:
         aot = [e.data for e in new if e.kind == "timing" and e.data.get("stage") == "aot"]
         if aot:
             self.aot_s = sum(float(d.get("seconds", d.get("duration", 0.0)) or 0.0) for d in aot)
+        cap = [e.data for e in new if e.kind == "timing" and e.data.get("stage") == "capture"]
+        if cap:
+            self.capture_s = sum(float(d.get("seconds") or 0.0) for d in cap)
+        be = [e.data for e in new if e.kind == "backend_compiled"]
+        if be:
+            self.backend_s = sum(float(d.get("seconds") or 0.0) for d in be)
         fallbacks = [e.data for e in new if e.kind == "fallback"]
         if after[2] - self._before[2] or fallbacks:
             self.fell_back = True

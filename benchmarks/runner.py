@@ -280,6 +280,8 @@ def _run_probes(rows: list[Row], cfg: RunConfig, progress: Progress, t_start: fl
                     progress(f"{r.model} · {r.backend}: {kind} compile probe: {ans['error']}")
                     break
                 setattr(r, f"{kind}_compile_s", ans["compile_s"])
+                if kind == "warm" and r.backend.startswith("ember-") and breakdown(ans):
+                    r.add_note(f"warm compile: {breakdown(ans)}")
                 if kind == "warm" and ans.get("cache_builds"):
                     r.add_note(f"warm probe built {ans['cache_builds']} kernel librar(ies): "
                                "a cache miss on a warm start")
@@ -356,9 +358,22 @@ def probe(model: str, backend: str, device: str, mode: str, size: str, amp: bool
     stats.stop()
     ans = {"compile_s": max(first - eager_s, 0.0), "first_call_s": first, "eager_s": eager_s,
            "graphs": stats.graphs, "graph_breaks": stats.breaks,
-           "note": "; ".join(stats.notes)}
+           "note": "; ".join(stats.notes), "capture_s": stats.capture_s,
+           "aot_s": stats.aot_s, "backend_s": stats.backend_s}
     ans.update(_ember_cache_counters())
     return ans
+
+
+def breakdown(ans: dict[str, Any]) -> str:
+    """Where an Ember probe's compile seconds went (from Ember's timing events): capture (in a
+    fresh process this includes creating the first FakeTensorMode, which imports torch._dynamo:
+    seconds), AOT autograd, the backend after AOT, and the rest (the first run, guards)."""
+    if ans.get("capture_s") is None or ans.get("backend_s") is None:
+        return ""
+    cap, be, aot = ans["capture_s"], ans["backend_s"], ans.get("aot_s") or 0.0
+    rest = ans["compile_s"] - cap - be
+    return (f"capture {cap:.2f} s, AOT {aot:.2f} s, backend {be - aot:.2f} s, "
+            f"rest {max(rest, 0.0):.2f} s")
 
 
 def _ember_cache_counters() -> dict[str, int]:
