@@ -104,7 +104,7 @@ GOLDEN = {
     'module': (
         'def ___entry(___fn, self, x):\n'
         '    try:\n'
-        '        if not (not (self)._forward_pre_hooks and not (self)._forward_hooks and\n'
+        "        if not (not (self)._forward_pre_hooks and not (self)._forward_hooks and 'forward' not in (self).__dict__ and type(self).forward is ___fn and\n"
         '            ___torch.is_grad_enabled() is False and\n'
         '            ___torch.get_default_dtype() is ___dtype_0 and\n'
         "            not ___torch.is_autocast_enabled('cpu') and\n"

@@ -276,3 +276,21 @@ def test_defaults_added_later():
     _same(cg(x), x * 3)
     with pytest.raises(TypeError):
         cg()  # still the user's own error
+
+
+@pytest.mark.parametrize("where", ["instance", "class"])
+def test_compiled_module_forward_replaced(where):
+    class Net(torch.nn.Module):
+        def forward(self, t):
+            return t + 1
+
+    m = Net()
+    cm = ember.compile(m, backend="eager")
+    x = torch.randn(3)
+    _same(cm(x), x + 1)
+    if where == "instance":
+        m.forward = lambda t: t * 3
+    else:
+        Net.forward = lambda self, t: t * 3
+    _same(cm(x), x * 3)
+    _same(cm(x), x * 3)

@@ -115,7 +115,10 @@ def convert_frame(fn: Callable[..., Any], args: tuple, kwargs: dict, *, backend:
         me = fn.__code__.co_varnames[0]
         if fn.__code__.co_argcount == 0:  # forward(*args, **kwargs) (a decorator's wrapper)
             me = f"{me}[0]"
-        extra = (f"not ({me})._forward_pre_hooks and not ({me})._forward_hooks",)
+        # Module.__call__ would run hooks, an instance-level forward, or the class's current
+        # forward: the entry serves only calls where none of that differs.
+        extra = (f"not ({me})._forward_pre_hooks and not ({me})._forward_hooks and "
+                 f"'forward' not in ({me}).__dict__ and type({me}).forward is ___fn",)
     return _convert_frame(fn, args, kwargs, backend=backend, options=options,
                           fullgraph=fullgraph, extra_guards=extra)
 

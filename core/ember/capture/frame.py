@@ -212,12 +212,19 @@ class CompiledFunction:
         """Every entry missed (``seen``: the entry list that was tried): compile a new entry,
         once per code object even when several threads miss at the same time."""
         m = self.bound_self
-        if self._root_module and (m._forward_pre_hooks or m._forward_hooks):
-            # Hooks on the compiled module itself: Module.__call__ runs them (eagerly), as the
-            # entries only serve calls of a module without hooks.
-            fallback_log.info("ember: %s has forward hooks; calling it eagerly",
-                              type(m).__name__)
-            return _module_call(m, args[1:], kwargs)
+        if self._root_module:
+            if m._forward_pre_hooks or m._forward_hooks or "forward" in m.__dict__:
+                # Hooks or a forward set on the instance: Module.__call__ runs them (eagerly), as
+                # the entries only serve calls of the class's forward without hooks.
+                fallback_log.info("ember: %s has forward hooks or an instance forward; calling "
+                                  "it eagerly", type(m).__name__)
+                return _module_call(m, args[1:], kwargs)
+            fwd = type(m).forward
+            if fwd is not self.fn and isinstance(fwd, types.FunctionType):
+                # The class's forward was replaced after compiling: compile the new one.
+                self.fn = fwd
+                self._rebind(fwd.__code__)
+                return self(*args[1:], **kwargs)
         cache = self.cache
         if seen is None:
             seen = cache.entries
