@@ -73,6 +73,8 @@ def _cmd_cache(args: argparse.Namespace) -> int:
         print(f"  {label:<42} {st['entries'][kind]:>7} files {_human(st['bytes'][kind]):>10}")
     print(f"  {'total':<42} {sum(st['entries'].values()):>7} files "
           f"{_human(st['total_bytes']):>10}")
+    for ns, n in st.get("text_namespaces", {}).items():
+        print(f"  text namespace {ns!r}: {n} entries")
     return 0
 
 

@@ -281,6 +281,7 @@ def test_info_and_clear(tmp_cache: Path) -> None:
     assert st["dir"] == str(tmp_cache)
     assert st["entries"]["so"] == 1 and st["entries"]["text"] == 1
     assert st["bytes"]["so"] == cache.compile_cpp(ADD).stat().st_size
+    assert st["text_namespaces"] == {"wrapper": 1}
     keep = tmp_cache / "not-ours.txt"  # clear() removes only the cache's own folders
     keep.write_text("x")
     assert cache.clear() >= 4
@@ -297,8 +298,11 @@ def test_cli_info_and_clear(tmp_cache: Path, capsys: pytest.CaptureFixture[str])
     out = capsys.readouterr().out
     assert str(tmp_cache) in out and "compiled libraries" in out
     assert [ln for ln in out.splitlines() if "compiled libraries" in ln][0].split()[2] == "1"
+    cache.put_text("autotune", "k", "choice")
+    assert main(["cache", "info"]) == 0
+    assert "text namespace 'autotune': 1 entries" in capsys.readouterr().out
     assert main(["cache", "clear"]) == 0
-    assert "removed 4 file(s)" in capsys.readouterr().out
+    assert "removed 5 file(s)" in capsys.readouterr().out
     assert cache.info()["entries"]["so"] == 0
 
 

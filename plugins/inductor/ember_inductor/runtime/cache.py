@@ -407,8 +407,9 @@ def get_text(namespace: str, key: str) -> str | None:
 
 
 def info() -> dict[str, Any]:
-    """``{"dir": str, "entries": {kind: n}, "bytes": {kind: n}}``; kinds: ``so`` (libraries),
-    ``cpp`` (sources), ``meta``, ``text``, ``other`` (locks, leftover temporaries)."""
+    """``{"dir", "entries": {kind: n}, "bytes": {kind: n}, "total_bytes", "text_namespaces":
+    {namespace: n}}``; kinds: ``so`` (libraries), ``cpp`` (sources), ``meta``, ``text``,
+    ``other`` (locks, leftover temporaries)."""
     root = cache_dir()
     entries: dict[str, int] = {k: 0 for k in ("so", "cpp", "meta", "text", "other")}
     sizes = dict.fromkeys(entries, 0)
@@ -421,8 +422,14 @@ def info() -> dict[str, Any]:
                     sizes[kind] += os.path.getsize(os.path.join(dirpath, name))
                 except OSError:
                     pass
+    namespaces: dict[str, int] = {}
+    text_root = root / "text"
+    if text_root.is_dir():
+        for ns in sorted(text_root.iterdir()):
+            if ns.is_dir():
+                namespaces[ns.name] = sum(1 for p in ns.glob("*.json"))
     return {"dir": str(root), "entries": entries, "bytes": sizes,
-            "total_bytes": sum(sizes.values())}
+            "total_bytes": sum(sizes.values()), "text_namespaces": namespaces}
 
 
 def _kind(top: str, name: str) -> str:
