@@ -21,8 +21,10 @@ import torch
 
 __all__ = ["BACKEND_NAMES", "availability", "make_compiled", "CompileStats", "reset_all"]
 
-BACKEND_NAMES = ("eager", "ember-eager", "ember-aot-eager", "ember-inductor", "torch-eager",
-                 "torch-aot-eager", "torch-inductor")
+#: Also the order of rows within a model when reports are merged: each Ember backend sits
+#: right before the torch.compile backend it re-creates is compared with, inductor last.
+BACKEND_NAMES = ("eager", "ember-eager", "ember-aot-eager", "torch-eager", "torch-aot-eager",
+                 "ember-inductor", "torch-inductor")
 
 
 def _family(name: str) -> tuple[str, str]:

@@ -33,10 +33,19 @@ _MD_COLUMNS = [("model", "model"), ("backend", "backend"), ("status", "status"),
 
 
 def merge_rows(old: list[Row], new: list[Row]) -> list[Row]:
-    """``old`` with every (model, backend) present in ``new`` replaced; new pairs appended."""
+    """``old`` with every (model, backend) present in ``new`` replaced; new pairs added. Rows
+    stay grouped by model (first appearance), backends within a model in ``BACKEND_NAMES``
+    order (others after them, as they came), so an appended ember-inductor row lands next to
+    torch-inductor rather than at the end of the table."""
+    from .backends import BACKEND_NAMES
+
     fresh = {(r.model, r.backend): r for r in new}
     merged = [fresh.pop((r.model, r.backend), r) for r in old]
-    return merged + [r for r in new if (r.model, r.backend) in fresh]
+    merged += [r for r in new if (r.model, r.backend) in fresh]
+    models = list(dict.fromkeys(r.model for r in merged))
+    rank = {b: i for i, b in enumerate(BACKEND_NAMES)}
+    return sorted(merged, key=lambda r: (models.index(r.model),
+                                         rank.get(r.backend, len(rank))))
 
 
 def machine_info(device: str) -> dict[str, str]:

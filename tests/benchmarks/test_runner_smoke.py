@@ -91,3 +91,10 @@ def test_append_merges_by_model_and_backend() -> None:
     got = [(r["model"], r["backend"], r["median_ms"]) for r in merged["rows"]]
     assert got == [("mlp", "eager", 1.0), ("mlp", "ember-eager", 3.0), ("gpt2", "eager", 4.0)]
     assert merged["commands"] == ["a", "b"]
+
+    old = res([Row("mlp", "eager"), Row("mlp", "torch-inductor"), Row("gpt2", "eager"),
+               Row("gpt2", "torch-inductor")], "a")
+    new = res([Row("mlp", "ember-inductor"), Row("gpt2", "ember-inductor")], "c")
+    got = [(r["model"], r["backend"]) for r in merge_results(old, new)["rows"]]
+    assert got == [("mlp", "eager"), ("mlp", "ember-inductor"), ("mlp", "torch-inductor"),
+                   ("gpt2", "eager"), ("gpt2", "ember-inductor"), ("gpt2", "torch-inductor")]
