@@ -34,7 +34,15 @@ class _Miss:
 
 MISS = _Miss()
 
-_tls = threading.local()
+class _State(threading.local):
+    """Per-thread: capture depth (tracing now) and ember.disable depth. Class-level defaults
+    make the per-call reads plain attribute loads."""
+
+    depth = 0
+    disabled = 0
+
+
+_tls = _State()
 
 
 class _QuietWhileTracing(logging.Filter):
@@ -188,7 +196,7 @@ class CompiledFunction:
         code = fn.__code__
         if code is not self._code_key:  # fn.__code__ was replaced: its own entries
             self._rebind(code)
-        if getattr(_tls, "depth", 0) or getattr(_tls, "disabled", 0) or code in _disabled:
+        if _tls.depth or _tls.disabled or code in _disabled:
             return fn(*args, **kwargs)
         cache = self.cache
         entries = cache.entries
