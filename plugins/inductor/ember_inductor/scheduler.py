@@ -21,7 +21,7 @@ import sympy
 
 from .ir import (Buffer, ComputedBuffer, ExternKernel, InputBuffer, IRNode, MultiOutput, NoneValue,
                  Reduction, ReinterpretView)
-from .sizes import product, rvar, sym, var
+from .sizes import FloorDiv, ModularIndexing, product, rvar, sym, var
 from .virtualized import set_ops_handler
 
 __all__ = ["Scheduler", "FusedGroup", "CppRegion", "LoopBlock"]
@@ -36,6 +36,11 @@ class _RecordHandler:
 
     def load(self, name: str, index: Any) -> Any:
         self.loads.append((name, index))
+        return None
+
+    def index_expr(self, expr: Any, dtype: Any) -> Any:
+        # not a load; recorded under the name "" so that loop rewrites see every index use
+        self.loads.append(("", expr))
         return None
 
     def indirect_indexing(self, value: Any, size: Any) -> Any:
@@ -174,7 +179,7 @@ class Scheduler:
             if m is None:
                 m = _member(op, len(loop_sizes(op)))
                 self._members[op.name] = m
-            return {n for n, _ in m.loads}
+            return {n for n, _ in m.loads if n}
         return _reads_of(op)
 
     def run(self) -> None:
@@ -215,6 +220,7 @@ class Scheduler:
             if isinstance(step, CppRegion):
                 for g in step.groups:
                     self._blocks(g)
+                    merge_loops(g)
                 self._region_io(step)
 
     def _place(self, node: ComputedBuffer, region: list[FusedGroup]) -> None:
@@ -299,9 +305,81 @@ class Scheduler:
         for g in r.groups:
             for m in g.members:
                 for n, _ in m.loads:
-                    if n not in written and n not in self.local and n not in read:
+                    if n and n not in written and n not in self.local and n not in read:
                         read.append(n)
         r.reads, r.writes = read, written
+
+
+def _coeffs(e: Any, vs: Sequence[Any]) -> list[Any] | None:
+    """Coefficients of ``e`` in the loop variables ``vs``; None unless ``e`` is affine in them."""
+    e = sympy.sympify(e)
+    for atom in e.atoms(FloorDiv, ModularIndexing):
+        if atom.free_symbols & set(vs):
+            return None
+    out = []
+    for v in vs:
+        c = e.coeff(v)
+        if c.free_symbols & set(vs):
+            return None
+        out.append(c)
+    return out
+
+
+def _try_merge(exprs: list[Any], vs: list[Any], sizes: list[Any]) -> dict[Any, Any] | None:
+    """A substitution merging two adjacent loops into one, when every index expression walks
+    them as one (coefficient of the outer = coefficient of the inner * the inner's size)."""
+    coeffs = [_coeffs(e, vs) for e in exprs]
+    if any(c is None for c in coeffs):
+        return None
+    for i in range(len(vs) - 2, -1, -1):
+        if all(c[i] == c[i + 1] * sizes[i + 1] for c in coeffs):  # type: ignore[index]
+            sub: dict[Any, Any] = {vs[i]: sympy.Integer(0), vs[i + 1]: vs[i]}
+            for j in range(i + 2, len(vs)):
+                sub[vs[j]] = vs[j - 1]
+            return {"at": i, "sub": sub}
+    return None
+
+
+def _subst(m: Member, sub: dict[Any, Any], inner: bool) -> None:
+    m.index = [sympy.sympify(i).xreplace(sub) for i in m.index]
+    m.rindex = [sympy.sympify(i).xreplace(sub) for i in m.rindex]
+    m.loads = [(n, sympy.sympify(e).xreplace(sub)) for n, e in m.loads]
+    m.store_index = sympy.sympify(m.store_index).xreplace(sub)
+
+
+def merge_loops(g: FusedGroup) -> None:
+    """Merge adjacent loops that every access walks contiguously as one (NCHW elementwise work
+    becomes one long vectorizable loop instead of short rows)."""
+    def exprs(members: Sequence[Member]) -> list[Any]:
+        out = []
+        for m in members:
+            out.append(m.store_index)
+            out.extend(e for _, e in m.loads)
+        return out
+
+    if all(not b.inner for b in g.blocks):
+        while len(g.outer) > 1:
+            vs = [var(i) for i in range(len(g.outer))]
+            r = _try_merge(exprs(g.members), vs, g.outer)
+            if r is None:
+                break
+            i = r["at"]
+            for m in g.members:
+                _subst(m, r["sub"], False)
+            g.outer = g.outer[:i] + [g.outer[i] * g.outer[i + 1]] + g.outer[i + 2:]
+        return
+    for b in g.blocks:
+        while len(b.inner) > 1:
+            vs = [rvar(i) for i in range(len(b.inner))]
+            r = _try_merge(exprs(b.members), vs, b.inner)
+            if r is None:
+                break
+            i = r["at"]
+            for m in b.members:
+                _subst(m, r["sub"], True)
+            b.inner = b.inner[:i] + [b.inner[i] * b.inner[i + 1]] + b.inner[i + 2:]
+            for m in b.members:
+                m.inner = b.inner
 
 
 def storage_name(v: IRNode) -> str | None:

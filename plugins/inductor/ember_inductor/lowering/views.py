@@ -306,7 +306,8 @@ def cat(tensors: Sequence[Any], dim: int = 0) -> Any:
     dt = m.dtype
 
     def inner(idx: Sequence[Any]) -> Any:
-        result = None
+        result: Any = None
+        first = True
         for k in reversed(range(len(parts))):
             s0 = starts[k]
             sub = list(idx)
@@ -316,8 +317,8 @@ def cat(tensors: Sequence[Any], dim: int = 0) -> Any:
             def body(ld: Any = ld, sub: Any = sub, src: Any = parts[k]) -> Any:
                 v = ld(sub)
                 return ops.to_dtype(v, dt) if src.dtype != dt else v
-            if result is None:
-                result = body()
+            if first:
+                result, first = body(), False
                 continue
             cond = ops.lt(ops.index_expr(idx[d], torch.int64),
                           ops.constant(s0 + parts[k].get_size()[d], torch.int64))
