@@ -86,6 +86,8 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
     ref_model = copy.deepcopy(model)
     fn = FUNCS[case["mode"]]
     res: dict[str, Any] = {"build_s": time.perf_counter() - t0}
+    if case.get("build_dir"):  # inductor's on-disk build cache for this case (starts empty)
+        os.environ["EMBER_CACHE_DIR"] = case["build_dir"]
     t1 = time.perf_counter()
     if case.get("no_cache"):  # the source alone: the backend builds everything from it
         with open(os.path.join(case["dir"], "artifact.py")) as f:
@@ -114,6 +116,8 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
         res["grad_max_abs"] = max([b.abs().max().item() for _, _, b in grads
                                    if b is not None] + [0.0])
     res["used_cache"] = loaded.used_cache
+    if case.get("build_dir"):
+        res["built_files"] = sum(len(f) for _, _, f in os.walk(case["build_dir"]))
     res["imported_capture"] = any(m in sys.modules for m in (
         "ember.capture.interpreter", "ember.capture.convert", "ember.aot.trace"))
     return res

@@ -196,3 +196,80 @@ def cpu_flags() -> str:
     except OSError:
         pass
     return ""
+
+
+def patch_imports(source: str, module: str, provider: str) -> str:
+    """Replace ``from <module> import a, b`` lines of ``source`` by reads of those names from
+    the object named ``provider`` (in the namespace the source runs in)."""
+    import re
+
+    pattern = re.compile(r"^(\s*)from\s+" + re.escape(module) + r"\s+import\s+\(?([\w\s,]+)\)?\s*$",
+                         re.M)
+
+    def repl(m: Any) -> str:
+        names = [n.strip() for n in m.group(2).split(",") if n.strip()]
+        return m.group(1) + "; ".join(f"{n} = {provider}.{n}" for n in names)
+
+    return pattern.sub(repl, source)
+
+
+class CachedLibraries:
+    """Stands for a backend's kernel-build module (e.g. ``ember_inductor.runtime.cache``) in a
+    loaded artifact: libraries whose C++ source is in the artifact's cache are loaded from the
+    cached bytes (keyed by the source's sha256) and never built; anything else is delegated to
+    the real module, imported on first need."""
+
+    def __init__(self, libraries: dict[str, bytes], module: str):
+        self._libraries = libraries
+        self._module_name = module
+        self._loaded: dict[str, Any] = {}
+        self._paths: dict[str, Any] = {}
+
+    def _real(self) -> Any:
+        import importlib
+
+        return importlib.import_module(self._module_name)
+
+    @staticmethod
+    def _key(source: str) -> str:
+        import hashlib
+
+        return hashlib.sha256(source.encode("utf-8")).hexdigest()
+
+    def load_cpp(self, source: str, *args: Any, **kwargs: Any) -> Any:
+        key = self._key(source)
+        data = self._libraries.get(key)
+        if data is None:
+            return self._real().load_cpp(source, *args, **kwargs)
+        lib = self._loaded.get(key)
+        if lib is None:
+            lib = self._loaded[key] = load_shared_library(data, key[:12])
+        return lib
+
+    def compile_cpp(self, source: str, *args: Any, **kwargs: Any) -> Any:
+        key = self._key(source)
+        data = self._libraries.get(key)
+        if data is None:
+            return self._real().compile_cpp(source, *args, **kwargs)
+        path = self._paths.get(key)
+        if path is None:
+            import os
+            import pathlib
+            import tempfile
+
+            fd, name = tempfile.mkstemp(prefix=f"ember-precompiled-{key[:12]}-", suffix=".so")
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            path = self._paths[key] = pathlib.Path(name)
+        return path
+
+    def compile_cpp_many(self, sources: Any, *args: Any, **kwargs: Any) -> Any:
+        missing = [s for s in sources if self._key(s) not in self._libraries]
+        if missing:
+            self._real().compile_cpp_many(missing, *args, **kwargs)
+        return [self.compile_cpp(s, *args, **kwargs) for s in sources]
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._real(), name)
