@@ -177,3 +177,20 @@ def test_sparse_gradient_reaching_a_compiled_output():
     (ge,) = torch.autograd.grad(fn(xe).to_dense(), xe, g)
     (gc,) = torch.autograd.grad(_compile(fn)(xc).to_dense(), xc, g)
     torch.testing.assert_close(gc, ge)
+
+
+def test_local_scalar_dense_under_aot_is_refused_with_a_clear_reason():
+    # A graph that reads a Python number from a tensor (MoE routing does) cannot be traced with
+    # static shapes: AOT autograd says so (the caller then runs the graph eagerly), no wrong result.
+    import torch.fx as fx
+    from ember.aot import aot_compile
+
+    g = fx.Graph()
+    x = g.placeholder("x")
+    s = g.call_function(torch.ops.aten._local_scalar_dense.default, (g.call_function(
+        torch.ops.aten.sum.default, (x,)),))
+    g.output((g.call_function(torch.ops.aten.mul.Tensor, (x, s)),))
+    gm = fx.GraphModule(torch.nn.Module(), g)
+    for rg in (False, True):
+        with pytest.raises(RuntimeError, match="data-dependent shape or value.*_local_scalar_dense"):
+            aot_compile(gm, [torch.randn(3, requires_grad=rg)], backend=ember.get_backend("aot_eager"))

@@ -341,7 +341,7 @@ def direct_aot(fn: Callable[..., Any], backend: str) -> Callable[..., Any]:
                 out, spec = pytree.tree_flatten(fn(*ts))
                 state["spec"] = spec
                 return tuple(out)
-            with torch.no_grad():
+            with torch.no_grad(), torch.random.fork_rng(devices=[]):  # tracing runs the ops
                 gm = make_fx(flat)(*[x.detach() for x in xs])
             state["compiled"] = aot_compile(gm, list(xs), backend=ember.get_backend(backend))
         return pytree.tree_unflatten(list(state["compiled"](*xs)), state["spec"])
@@ -466,7 +466,7 @@ def _sweep(args: argparse.Namespace) -> int:
             row["sig"] = case.sig
             results[case.key] = row
             if args.verbose:
-                print(case.key, {k: v["status"] for k, v in row.items()}, flush=True)
+                print(case.key, {k: v["status"] for k, v in row.items() if k != "sig"}, flush=True)
     elapsed = time.perf_counter() - t_start
     for b, c in totals.items():
         print(f"{b}: {dict(c)}  ({sum(c.values())} samples)")

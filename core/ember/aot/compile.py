@@ -50,6 +50,10 @@ def _data_dependent(e: BaseException) -> str | None:
 
     if isinstance(e, (DynamicOutputShapeException, DataDependentOutputException)):
         return str(e.func) if getattr(e, "func", None) is not None else str(e)
+    text = str(e)
+    if isinstance(e, RuntimeError) and "get value out of a tracing tensor with" in text:
+        # .item()/_local_scalar_dense, equal, allclose: a Python value read from a tensor
+        return text.split("tracing tensor with", 1)[1].split(" - ", 1)[0].strip()
     return None
 
 
@@ -149,6 +153,18 @@ class AOTCompiled:
         return fn
 
     def _build(self, key: Any, args: Sequence[Any], tensors: list[torch.Tensor]) -> Any:
+        try:
+            return self._build_variant(key, args, tensors)
+        except Exception as e:
+            op = _data_dependent(e)
+            if op is None:
+                raise
+            where = "forward" if key == "inference" else "joint forward/backward"
+            raise RuntimeError(
+                f"data-dependent shape or value in the {where} graph ({op}: its result depends "
+                "on tensor values); AOT autograd traces static shapes") from e
+
+    def _build_variant(self, key: Any, args: Sequence[Any], tensors: list[torch.Tensor]) -> Any:
         t0 = time.perf_counter()
         fn = self._graph_fn(args)
         training = key != "inference"
@@ -164,15 +180,7 @@ class AOTCompiled:
             training = False  # nothing to differentiate: no joint trace needed
         detached = [t.detach() for t in tensors]
         if not training:
-            try:
-                fw_gm = trace_forward(fn, tensors, info, self._decomps)
-            except Exception as e:
-                op = _data_dependent(e)
-                if op is None:
-                    raise
-                raise RuntimeError(
-                    f"data-dependent shape in the forward graph ({op}: its output's size depends "
-                    "on tensor values); AOT autograd traces static shapes") from e
+            fw_gm = trace_forward(fn, tensors, info, self._decomps)
             _set_global_state(state)
             self._log("inference forward", fw_gm)
             t1 = time.perf_counter()
@@ -182,15 +190,7 @@ class AOTCompiled:
             runtime.graph = fw_gm
             return runtime
 
-        try:
-            joint, n_tangents = trace_joint(fn, tensors, rg, info, self._decomps)
-        except Exception as e:
-            op = _data_dependent(e)
-            if op is None:
-                raise
-            raise RuntimeError(
-                f"data-dependent shape in the joint forward/backward graph ({op}: its output's "
-                "size depends on tensor values); AOT autograd traces static shapes") from e
+        joint, n_tangents = trace_joint(fn, tensors, rg, info, self._decomps)
         _set_global_state(state)
         n_fwd = len(info.graph_out_flat) + len(info.mutated)
         part = partition_joint(joint, len(tensors), n_fwd, set(info.mutated))
