@@ -93,6 +93,11 @@ def _is_model_output(cls: type) -> bool:
     return any(c.__name__ == "ModelOutput" for c in getattr(cls, "__mro__", ()))
 
 
+def _holds_tensor(r: Any) -> bool:
+    return isinstance(r, torch.Tensor) or (
+        isinstance(r, (tuple, list)) and any(_holds_tensor(x) for x in r))
+
+
 class Tracer:
     """State shared by every frame of one capture."""
 
@@ -312,14 +317,13 @@ class Tracer:
         if isinstance(result, torch.Tensor):
             node.meta["example_value"] = result
             return TensorVar(node, result)
-        if isinstance(result, (tuple, list)) and any(isinstance(r, torch.Tensor) for r in result):
+        if isinstance(result, (tuple, list)) and any(_holds_tensor(r) for r in result):
             node.meta["example_value"] = result
             items = []
             for i, r in enumerate(result):
-                if isinstance(r, torch.Tensor):
+                if _holds_tensor(r):  # nested lists of tensors too (histogramdd's bin_edges)
                     gi = self.out.create_node("call_function", operator.getitem, (node, i), {})
-                    gi.meta["example_value"] = r
-                    items.append(TensorVar(gi, r))
+                    items.append(self.wrap_result(gi, r))
                 else:
                     items.append(self.const_result(r))
             if isinstance(result, list):
@@ -337,6 +341,8 @@ class Tracer:
             return TupleVar(items, cls=type(r)) if isinstance(r, tuple) else ListVar(items)
         if isinstance(r, (torch.SymInt, torch.SymFloat, torch.SymBool)):
             raise Unsupported("symbolic sizes are not supported (static shapes only)")
+        if isinstance(r, torch.Tensor):  # a traced (fake) tensor must never reach the user
+            raise Unsupported("a tensor inside an op's result that Ember cannot take apart")
         return ConstVar(r)
 
     def call_torch_function(self, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
