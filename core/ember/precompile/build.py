@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import inspect
-import json
+import pprint
 import logging
 import platform
 import textwrap
@@ -188,8 +188,15 @@ def _check_no_side_effects(entry: Any) -> None:
 # 2. where each graph input comes from; 3. what the result is made of
 # ---------------------------------------------------------------------------------------------
 
+#: Names the generated ``call``/``check`` functions use themselves: arguments never take them.
+_RESERVED = {"inputs", "r", "run", "check", "call", "make", "cache", "sub_cache", "torch", "ARTIFACT",
+             "inf", "nan", "device", "NoneType", "CompiledGraph"}
+_RESERVED_PREFIXES = ("_", "p_", "STATE_", "MODES_", "graph_", "make_", "run_", "WRAPPER_", "N_")
+
+
 def _pyname(i: int, name: str) -> str:
-    return name if name.isidentifier() and not name.startswith("_") else f"arg{i}"
+    ok = name.isidentifier() and name not in _RESERVED and not name.startswith(_RESERVED_PREFIXES)
+    return name if ok else f"arg{i}"
 
 
 @dataclasses.dataclass
@@ -608,8 +615,7 @@ def precompile(fn: Any, *example_inputs: Any, backend: str | Backend = "aot_eage
 
         ''')
     src = [header, PRELUDE,
-           "ARTIFACT = " + json.dumps(meta, indent=1, sort_keys=True).replace(
-               "true", "True").replace("false", "False").replace("null", "None") + "\n\n",
+           "ARTIFACT = " + pprint.pformat(meta, width=96) + "\n\n",
            "\n\n".join(parts),
            "\n\n# " + "=" * 90 + "\n# checks: what the graph was traced for\n# " + "=" * 90,
            "\n" + "\n\n".join(walked.decls) + ("\n" if walked.decls else ""),
