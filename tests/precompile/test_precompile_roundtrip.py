@@ -159,3 +159,13 @@ def test_inductor_fresh_process(tmp_path):
         _assert_close(res, case)
     assert [r["used_cache"] for r in results] == [True, True, False]
     assert [r["built_files"] > 0 for r in results] == [False, False, True], results
+
+
+def test_argument_names_never_clash_with_generated_code():
+    def f(inputs, r, check):
+        return inputs + r * check, inputs
+
+    a, b = torch.ones(2), torch.full((2,), 2.0)
+    fn = ember.precompile(f, a, b, 3).load()
+    out, same = fn(a, b, 3)
+    assert same is a and torch.equal(out, torch.full((2,), 7.0))

@@ -60,6 +60,11 @@ class Artifact:
     cache: bytes
     meta: dict[str, Any]
 
+    def __repr__(self) -> str:
+        return (f"<ember precompile Artifact: {self.meta.get('function')}, backend "
+                f"{self.meta.get('backend')!r} ({self.meta.get('kind')}), source "
+                f"{len(self.source)} chars, cache {len(self.cache)} bytes>")
+
     def save(self, path: str) -> None:
         """Write ``path/artifact.py`` and ``path/artifact.cache`` (the folder is created)."""
         from .loader import save
