@@ -10,6 +10,7 @@ import os
 import re
 from typing import Any, Sequence
 
+import sympy
 import torch
 
 from ..ir import Reduction
@@ -406,7 +407,106 @@ class CppKernel:
         head = f'extern "C" void {r.name}({", ".join(params)})'
         return head + " {\n" + "\n".join(self.lines) + "\n}\n"
 
+    def _column_reduction(self, g: FusedGroup) -> bool:
+        """Reductions (one loop block, nothing else in the group) whose outputs are contiguous in
+        the last outer loop while the values they combine are strided along the reduction (sums
+        over a batch dim, e.g. bias gradients): better run with the reduction loops outside and
+        tiles of accumulators inside."""
+        if not g.outer or len(g.blocks) != 1 or not g.blocks[0].inner:
+            return False
+        from ..sizes import rvar, var
+        xl = var(len(g.outer) - 1)
+        rl = rvar(len(g.blocks[0].inner) - 1)
+        strided = False
+        for m in g.members:
+            red = m.node.data
+            if not isinstance(red, Reduction) or red.reduction_type not in (
+                    "sum", "prod", "max", "min", "any", "all"):
+                return False
+            if m.node.name in self.sched.local:
+                return False
+            try:
+                if sympy.sympify(m.store_index).coeff(xl) != 1:
+                    return False
+                loads = [sympy.sympify(e) for n, e in m.loads if n]
+                strided |= any(e.coeff(xl) == 1 and e.coeff(rl) != 1 for e in loads)
+            except Exception:
+                return False
+        return strided
+
+    def column_reduction(self, g: FusedGroup) -> None:
+        b = g.blocks[0]
+        k = len(g.outer)
+        tile = 256
+        names = ", ".join(m.node.name for m in g.members)
+        self.line(f"// {names}: reductions over strided values, {tile}-wide accumulator tiles")
+        self.line("{")
+        self.indent += 1
+        work = product(g.outer) * product(b.inner)
+        xn = f"x{k - 1}"
+        n = to_c(g.outer[-1])
+        if work >= PARALLEL_MIN_WORK:
+            self.line(f"#pragma omp parallel for{f' collapse({k})' if k > 1 else ''}")
+        for i, sz in enumerate(g.outer[:-1]):
+            self.line(f"for (int64_t x{i} = 0; x{i} < {to_c(sz)}; x{i}++) {{")
+            self.indent += 1
+        self.line(f"for (int64_t xt = 0; xt < {n}; xt += {tile}) {{")
+        self.indent += 1
+        self.line(f"const int64_t xe = xt + {tile} < {n} ? xt + {tile} : {n};")
+        for j, m in enumerate(g.members):
+            red = m.node.data
+            at = compute_type(red.src_dtype)
+            if (at == "float" and red.reduction_type == "sum"
+                    and product(b.inner) >= DOUBLE_ACC_MIN):
+                at = "double"
+            init = _reduction_init(red.reduction_type, red.src_dtype)
+            self.line(f"{at} acc{j}[{tile}];")
+            self.line(f"for (int64_t {xn} = xt; {xn} < xe; {xn}++) acc{j}[{xn} - xt] = {init};")
+        for i, sz in enumerate(b.inner):
+            self.line(f"for (int64_t r{i} = 0; r{i} < {to_c(sz)}; r{i}++) {{")
+            self.indent += 1
+        self.line("#pragma omp simd")
+        self.line(f"for (int64_t {xn} = xt; {xn} < xe; {xn}++) {{")
+        self.indent += 1
+        self.scopes.append({})
+        for j, m in enumerate(g.members):
+            red = m.node.data
+            value = m.node.body(m.index, m.rindex)
+            if value.dtype != red.src_dtype:
+                value = CppOps(self).to_dtype(value, red.src_dtype)
+            a = f"acc{j}[{xn} - xt]"
+            comb = {"sum": f"{a} + {value}", "prod": f"{a} * {value}",
+                    "max": f"e_max({a}, {value})", "min": f"e_min({a}, {value})",
+                    "any": f"{a} || {value}", "all": f"{a} && {value}"}[red.reduction_type]
+            self.line(f"{a} = {comb};")
+        self.scopes.pop()
+        self.indent -= 1
+        self.line("}")
+        for _ in b.inner:
+            self.indent -= 1
+            self.line("}")
+        self.line(f"for (int64_t {xn} = xt; {xn} < xe; {xn}++) {{")
+        self.indent += 1
+        for j, m in enumerate(g.members):
+            red = m.node.data
+            v = CppVar(f"({compute_type(red.src_dtype)})acc{j}[{xn} - xt]", red.src_dtype)
+            if v.dtype != m.node.dtype:
+                v = CppOps(self).to_dtype(v, m.node.dtype)
+            self.store(m, v)
+        self.indent -= 1
+        self.line("}")
+        self.indent -= 1
+        self.line("}")
+        for _ in g.outer[:-1]:
+            self.indent -= 1
+            self.line("}")
+        self.indent -= 1
+        self.line("}")
+
     def group(self, g: FusedGroup) -> None:
+        if self._column_reduction(g):
+            self.column_reduction(g)
+            return
         origins = []
         for m in g.members:
             origins.extend(getattr(m.node.data, "origins", []))
