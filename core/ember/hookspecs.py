@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 hookspec = pluggy.HookspecMarker("ember")
 hookimpl = pluggy.HookimplMarker("ember")
 
-__all__ = ["hookspec", "hookimpl", "ember_backends", "ember_graph_passes", "ember_compile_event"]
+__all__ = ["hookspec", "hookimpl", "ember_backends", "ember_graph_passes", "ember_compile_event",
+           "ember_precompile_graph"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -90,4 +91,24 @@ def ember_compile_event(event: Any) -> None:
     ``"graph_break"``, ``"recompile"``, ``"backend_compiled"``, ``"fallback"``, ``"timing"``)
     and a ``data`` dict. Called for every event on every implementation; results are ignored and an
     exception in an observer is logged, never raised into the user's program.
+    """
+
+
+# --------------------------------------------------------------------------------------------
+# Precompile
+# --------------------------------------------------------------------------------------------
+
+@hookspec(firstresult=True)
+def ember_precompile_graph(backend: str, name: str, gm: Any, compiled: Any,
+                           options: dict) -> "tuple[str, dict[str, bytes]] | None":
+    """Write one compiled graph into an ``ember.precompile`` artifact (docs/precompile.md).
+
+    Called by ``ember.precompile`` for each graph that backend ``backend`` compiled (``name``:
+    ``"forward"``/``"backward"`` or ``"graph"``; ``gm`` the graph; ``compiled`` what
+    ``Backend.compile`` returned for it) when ``compiled`` has no ``ember_precompile(name)``
+    method of its own. Return ``(fragment, cache_entries)``: Python source, run in the artifact's
+    module, defining ``make_<name>(cache)`` that returns a callable with the graph's calling
+    convention (``cache``: the entries back, or None to build from the fragment), and
+    ``{entry name: bytes}`` (compiled kernels) for the artifact's cache. Return None when this
+    plugin does not handle that graph; the first non-None result wins.
     """

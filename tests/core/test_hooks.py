@@ -26,7 +26,8 @@ def _register(obj, name):
 
 def test_every_hook_is_prefixed_and_documented():
     specs = [n for n in dir(hookspecs) if n.startswith("ember_")]
-    assert sorted(specs) == ["ember_backends", "ember_compile_event", "ember_graph_passes"]
+    assert sorted(specs) == ["ember_backends", "ember_compile_event", "ember_graph_passes",
+                            "ember_precompile_graph"]
     for n in specs:
         fn = getattr(hookspecs, n)
         assert getattr(fn, "ember_spec", None) is not None, n

@@ -143,3 +143,34 @@ def test_container_manifest_is_json_with_names_sizes_hashes(art):
     sizes = {e["name"]: e["size"] for e in manifest["entries"]}
     assert sum(sizes.values()) == len(a.cache) - start
     assert all(len(e["sha256"]) == 64 for e in manifest["entries"])
+
+
+class _OpaquePlugin:
+    """A plugin that writes the graphs of the 'opaque' backend through the hookspec
+    ``ember_precompile_graph`` (its compiled callables have no method of their own)."""
+
+    @ember.hookimpl
+    def ember_precompile_graph(self, backend, name, gm, compiled):
+        if backend != "opaque":
+            return None
+        code, _ = graph_source(gm, f"opaque_{name}")
+        return (code + f"\n\ndef make_{name}(cache):\n"
+                f"    assert cache == {{'marker': b'opaque'}}, cache\n"
+                f"    return lambda *a: opaque_{name}(None, *a)\n", {"marker": b"opaque"})
+
+
+def test_hookspec_ember_precompile_graph():
+    from ember.plugins import plugin_manager
+
+    opaque = ember.Backend(name="opaque", compile=lambda gm, ex: (lambda *a: gm(*a)))
+    with pytest.raises(ember.precompile.PrecompileError, match="does not support precompile"):
+        ember.precompile(lambda x: x.cos() * 2, torch.randn(3), backend=opaque)
+    plugin = _OpaquePlugin()
+    plugin_manager().register(plugin, name="test-opaque-precompile")
+    try:
+        x = torch.randn(3)
+        art = ember.precompile(lambda x: x.cos() * 2, x, backend=opaque)
+        assert "def opaque_graph(" in art.source
+        torch.testing.assert_close(art.load()(x), x.cos() * 2)
+    finally:
+        plugin_manager().unregister(plugin)

@@ -383,6 +383,14 @@ def _graph_code(name: str, gm: torch.fx.GraphModule, fn: Any, backend: str
     """(source defining ``make_{name}(cache)``, cache entries, how it runs)."""
     hook = getattr(fn, "ember_precompile", None)
     if hook is None:
+        from ..plugins import ensure_loaded, plugin_manager
+
+        ensure_loaded()
+        res = plugin_manager().hook.ember_precompile_graph(backend=backend, name=name, gm=gm,
+                                                           compiled=fn, options={})
+        if res is not None:
+            hook = lambda _name: res  # noqa: E731
+    if hook is None:
         from .adapters import adapter_for
 
         hook = adapter_for(gm, fn, backend, {})
