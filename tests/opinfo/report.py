@@ -29,11 +29,17 @@ def _status(entry: object) -> tuple[str, str]:
     return str(entry), ""
 
 
+def oracle_backend(b: str) -> str:
+    """The torch.compile backend an Ember backend is judged against."""
+    b = b.split(":", 1)[-1]
+    return b if b in ("aot_eager", "inductor") else "aot_eager"
+
+
 def summarize(results: dict, oracle: dict) -> str:
     backends = sorted({b for row in results.values() for b in row
                        if not b.startswith("torch:") and b != "sig"})
     lines = ["| backend | samples | right | wrong | fallback | error | random | torch.compile "
-             "(aot_eager) correct | Ember as compiled as torch.compile, of those | Ember correct "
+             "correct (backend) | Ember as compiled as torch.compile, of those | Ember correct "
              "(compiled or fallback), of those |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for b in backends:
@@ -44,7 +50,7 @@ def summarize(results: dict, oracle: dict) -> str:
                 continue
             st = row[b]["status"]
             c[st] += 1
-            o = oracle.get(key, {}).get("aot_eager")
+            o = oracle.get(key, {}).get(oracle_backend(b))
             os_ = _status(o)[0] if o is not None else None
             if os_ in ("right", "random", "fallback"):
                 o_right += 1
@@ -53,18 +59,23 @@ def summarize(results: dict, oracle: dict) -> str:
         n = sum(c.values())
         pct = lambda k: f"{k} ({100 * k / o_right:.1f}%)" if o_right else str(k)  # noqa: E731
         lines.append(f"| {b} | {n} | {c['right']} | {c['wrong']} | {c['fallback']} | "
-                     f"{c['error']} | {c['random']} | {o_right} | {pct(e_right)} | {pct(e_ok)} |")
+                     f"{c['error']} | {c['random']} | {o_right} ({oracle_backend(b)}) | "
+                     f"{pct(e_right)} | {pct(e_ok)} |")
     return "\n".join(lines)
 
 
 def differences(results: dict, oracle: dict, statuses: tuple[str, ...]) -> str:
-    lines = ["| sample | backend | status | torch.compile (aot_eager) | reason |",
+    lines = ["| sample | backend | status | torch.compile | reason |",
              "| --- | --- | --- | --- | --- |"]
     for key in sorted(results):
         for b, r in sorted(results[key].items()):
-            if not isinstance(r, dict) or b.startswith("torch:") or r["status"] not in statuses:
+            if not isinstance(r, dict) or b.startswith("torch:"):
                 continue
-            o = _status(oracle.get(key, {}).get("aot_eager", "?"))[0]
+            o = _status(oracle.get(key, {}).get(oracle_backend(b), "?"))[0]
+            # every bad sample, and every fallback where torch.compile compiled the sample
+            if r["status"] not in statuses and not (r["status"] == "fallback"
+                                                    and o in ("right", "random")):
+                continue
             why = r["reason"].replace("|", "\\|").replace("\n", " ")[:220]
             lines.append(f"| `{key}` | {b} | {r['status']} | {o} | {why} |")
     return "\n".join(lines)
