@@ -132,7 +132,7 @@ def load(path: str | None = None, *, source: str | None = None,
     if not callable(make):
         raise PrecompileError("ember.precompile.load: the source defines no make(cache)")
     fn = make(entries)
-    return Loaded(fn, module, entries is not None)
+    return Loaded(fn, module, bool(entries))  # True: compiled binaries came from the cache
 
 
 __all__ += ["CacheError"]
