@@ -194,8 +194,8 @@ def _check_no_side_effects(entry: Any) -> None:
 # ---------------------------------------------------------------------------------------------
 
 #: Names the generated ``call``/``check`` functions use themselves: arguments never take them.
-_RESERVED = {"inputs", "r", "run", "check", "call", "make", "cache", "sub_cache", "torch", "ARTIFACT",
-             "inf", "nan", "device", "NoneType", "CompiledGraph"}
+_RESERVED = {"inputs", "r", "run", "check", "call", "make", "cache", "sub_cache", "torch",
+             "ARTIFACT", "inf", "nan", "device", "NoneType", "CompiledGraph"}
 _RESERVED_PREFIXES = ("_", "p_", "STATE_", "MODES_", "graph_", "make_", "run_", "WRAPPER_", "N_")
 
 
