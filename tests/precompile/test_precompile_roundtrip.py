@@ -100,6 +100,8 @@ def test_module_as_fn_and_containers():
     x = torch.randn(2, 4)
     art = ember.precompile(lin, x)
     assert torch.allclose(art.load()(lin, x), lin(x))
+    other = torch.nn.Linear(4, 3)
+    assert torch.allclose(ember.precompile(lin.forward, x).load()(other, x), other(x))
 
     def f(model, batch, scale):
         y = model(batch["x"]) * scale + batch["extra"][0].sum()

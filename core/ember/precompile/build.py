@@ -537,7 +537,14 @@ def precompile(fn: Any, *example_inputs: Any, backend: str | Backend = "aot_eage
     _check_python()
     be = get_backend(backend)
     options = dict(options or {})
-    if isinstance(fn, torch.nn.Module):
+    if inspect.ismethod(fn) and isinstance(fn.__self__, torch.nn.Module):
+        # model.forward (or another method of a module): the module is the first argument
+        # of the loaded callable, as for a module passed as fn.
+        mod, func = fn.__self__, fn.__func__
+        call, bound_self, args = func, mod, (mod, *example_inputs)
+        names = ["model"] + list(inspect.signature(func).parameters)[1:]
+        what = f"{type(mod).__qualname__}.{func.__name__}"
+    elif isinstance(fn, torch.nn.Module):
         call, bound_self, args = type(fn).forward, fn, (fn, *example_inputs)
         params = list(inspect.signature(type(fn).forward).parameters)
         names = ["model"] + params[1:]
