@@ -17,18 +17,18 @@ VOCAB = 64
 SEQ = 8
 
 # Common tiny sizes, by the names the config classes use.
-_LLAMA = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+_LLAMA = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
               pad_token_id=0, bos_token_id=1, eos_token_id=2)
-_BERT = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+_BERT = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
              intermediate_size=64, max_position_embeddings=64, pad_token_id=0)
 _BART = dict(vocab_size=VOCAB, d_model=32, encoder_layers=1, decoder_layers=1,
              encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
              decoder_ffn_dim=64, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
              eos_token_id=2, decoder_start_token_id=2, forced_eos_token_id=None)
-_VIT = dict(image_size=32, patch_size=8, num_channels=3, hidden_size=32, num_hidden_layers=2,
+_VIT = dict(image_size=32, patch_size=8, num_channels=3, hidden_size=32, num_hidden_layers=1,
             num_attention_heads=4, intermediate_size=64)
-_W2V = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+_W2V = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
             intermediate_size=64, conv_dim=(16, 16), conv_stride=(5, 4), conv_kernel=(10, 4),
             num_conv_pos_embeddings=8, num_conv_pos_embedding_groups=4, num_feat_extract_layers=2,
             do_stable_layer_norm=False, mask_time_prob=0.0, mask_feature_prob=0.0)
@@ -50,7 +50,7 @@ def _s(model_type: str, family: str, inputs: str, base: dict | None = None,
 
 SPECS: dict[str, Spec] = {
     # decoders
-    "gpt2": _s("gpt2", "decoder", "ids", dict(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4,
+    "gpt2": _s("gpt2", "decoder", "ids", dict(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=4,
                                               n_positions=64, bos_token_id=1, eos_token_id=2),
                auto="AutoModelForCausalLM"),
     "gpt_neo": _s("gpt_neo", "decoder", "ids", dict(vocab_size=VOCAB, hidden_size=32,
@@ -58,7 +58,7 @@ SPECS: dict[str, Spec] = {
                                                     attention_types=[[["global", "local"], 1]],
                                                     max_position_embeddings=64, window_size=4),
                   auto="AutoModelForCausalLM"),
-    "gptj": _s("gptj", "decoder", "ids", dict(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4,
+    "gptj": _s("gptj", "decoder", "ids", dict(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=4,
                                               rotary_dim=4, n_positions=64),
                auto="AutoModelForCausalLM"),
     "gpt_neox": _s("gpt_neox", "decoder", "ids", _LLAMA, auto="AutoModelForCausalLM"),
@@ -69,26 +69,26 @@ SPECS: dict[str, Spec] = {
     "qwen3": _s("qwen3", "decoder", "ids", _LLAMA, auto="AutoModelForCausalLM", head_dim=8),
     "phi": _s("phi", "decoder", "ids", _LLAMA, auto="AutoModelForCausalLM"),
     "phi3": _s("phi3", "decoder", "ids", _LLAMA, auto="AutoModelForCausalLM"),
-    "opt": _s("opt", "decoder", "ids", dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+    "opt": _s("opt", "decoder", "ids", dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1,
                                             num_attention_heads=4, ffn_dim=64, word_embed_proj_dim=32,
                                             max_position_embeddings=64, pad_token_id=0),
               auto="AutoModelForCausalLM"),
-    "bloom": _s("bloom", "decoder", "ids", dict(vocab_size=VOCAB, hidden_size=32, n_layer=2,
+    "bloom": _s("bloom", "decoder", "ids", dict(vocab_size=VOCAB, hidden_size=32, n_layer=1,
                                                 n_head=4), auto="AutoModelForCausalLM"),
     "falcon": _s("falcon", "decoder", "ids", dict(vocab_size=VOCAB, hidden_size=32,
-                                                  num_hidden_layers=2, num_attention_heads=4),
+                                                  num_hidden_layers=1, num_attention_heads=4),
                  auto="AutoModelForCausalLM"),
     "gemma": _s("gemma", "decoder", "ids", _LLAMA, auto="AutoModelForCausalLM", head_dim=8),
     "gemma2": _s("gemma2", "decoder", "ids", _LLAMA, auto="AutoModelForCausalLM", head_dim=8,
-                 sliding_window=4),
+                 sliding_window=4, num_hidden_layers=2),
     "stablelm": _s("stablelm", "decoder", "ids", _LLAMA, auto="AutoModelForCausalLM"),
-    "codegen": _s("codegen", "decoder", "ids", dict(vocab_size=VOCAB, n_embd=32, n_layer=2,
+    "codegen": _s("codegen", "decoder", "ids", dict(vocab_size=VOCAB, n_embd=32, n_layer=1,
                                                     n_head=4, rotary_dim=4, n_positions=64,
                                                     n_ctx=64), auto="AutoModelForCausalLM"),
     "olmo": _s("olmo", "decoder", "ids", _LLAMA, auto="AutoModelForCausalLM"),
     "starcoder2": _s("starcoder2", "decoder", "ids", _LLAMA, auto="AutoModelForCausalLM"),
     "granite": _s("granite", "decoder", "ids", _LLAMA, auto="AutoModelForCausalLM"),
-    "xglm": _s("xglm", "decoder", "ids", dict(vocab_size=VOCAB, d_model=32, num_layers=2,
+    "xglm": _s("xglm", "decoder", "ids", dict(vocab_size=VOCAB, d_model=32, num_layers=1,
                                               attention_heads=4, ffn_dim=64,
                                               max_position_embeddings=64),
                auto="AutoModelForCausalLM"),
@@ -96,7 +96,7 @@ SPECS: dict[str, Spec] = {
     # encoders
     "bert": _s("bert", "encoder", "ids", _BERT),
     "roberta": _s("roberta", "encoder", "ids", _BERT, pad_token_id=1),
-    "distilbert": _s("distilbert", "encoder", "ids", dict(vocab_size=VOCAB, dim=32, n_layers=2,
+    "distilbert": _s("distilbert", "encoder", "ids", dict(vocab_size=VOCAB, dim=32, n_layers=1,
                                                           n_heads=4, hidden_dim=64,
                                                           max_position_embeddings=64)),
     "albert": _s("albert", "encoder", "ids", _BERT, embedding_size=16),
@@ -192,10 +192,10 @@ SPECS: dict[str, Spec] = {
         decoder_start_token_id=0)),
     # state-space models
     "mamba": _s("mamba", "ssm", "ids", dict(vocab_size=VOCAB, hidden_size=32, state_size=8,
-                                            num_hidden_layers=2, expand=2, conv_kernel=4),
+                                            num_hidden_layers=1, expand=2, conv_kernel=4),
                 auto="AutoModelForCausalLM"),
     "mamba2": _s("mamba2", "ssm", "ids", dict(vocab_size=VOCAB, hidden_size=32, state_size=8,
-                                              num_hidden_layers=2, expand=2, conv_kernel=4,
+                                              num_hidden_layers=1, expand=2, conv_kernel=4,
                                               head_dim=8, num_heads=8, n_groups=1,
                                               chunk_size=4), auto="AutoModelForCausalLM"),
 }
