@@ -194,3 +194,31 @@ def test_local_scalar_dense_under_aot_is_refused_with_a_clear_reason():
     for rg in (False, True):
         with pytest.raises(RuntimeError, match="data-dependent shape or value.*_local_scalar_dense"):
             aot_compile(gm, [torch.randn(3, requires_grad=rg)], backend=ember.get_backend("aot_eager"))
+
+
+# -- a backend's compiled ATen graph returning the wrong structure ----------------------------
+
+def _bad_backend(kind):
+    def compile_fn(gm, example_inputs, **kw):
+        def run(*args):
+            out = gm(*args)
+            if kind == "bare":
+                return out[0]
+            if kind == "short":
+                return tuple(out)[:-1]
+            return out
+        return run
+    return ember.Backend(name=f"bad_{kind}", compile=compile_fn, level="aten")
+
+
+@pytest.mark.parametrize("kind", ["bare", "short"])
+@pytest.mark.parametrize("rg", [False, True])
+def test_wrong_output_structure_of_an_aten_backend_names_it(kind, rg):
+    def fn(x):
+        return torch.sin(x) * 2, x.cos()
+
+    x = torch.randn(4, requires_grad=rg)
+    with pytest.raises(ember.BackendCompilerFailed, match=f"bad_{kind}"):
+        outs = ember.compile(fn, backend=_bad_backend(kind))(x)
+        if rg:
+            sum(o.sum() for o in outs).backward()

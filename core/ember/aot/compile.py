@@ -188,6 +188,7 @@ class AOTCompiled:
             runtime = ForwardOnly(info, self._compile(
                 fw_gm, detached, self._context("inference", self._primal_infos())))
             runtime.graph = fw_gm
+            runtime.backend = str(self.backend.name)
             return runtime
 
         joint, n_tangents = trace_joint(fn, tensors, rg, info, self._decomps)
@@ -214,7 +215,8 @@ class AOTCompiled:
         bw = self._compile(part.bw, _example_from_meta(part.bw),
                            self._context("backward", self._backward_infos(joint, part, primals)))
         runtime = Training(info, fw, lambda: bw, rg, part.n_saved, tangent_meta,
-                           part.grad_tangent_deps, part.primal_reaches)
+                           part.grad_tangent_deps, part.primal_reaches,
+                           backend=str(self.backend.name))
         runtime.partition = part  # for inspection (tests, debugging)
         return runtime
 

@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch.utils import _pytree as pytree
 
-from ..exc import EmberError
+from ..exc import BackendCompilerFailed, EmberError
 from .analysis import GraphInfo
 
 __all__ = ["ForwardOnly", "Training", "DoubleBackwardError"]
@@ -49,6 +49,20 @@ def _regenerate(info: GraphInfo, inputs: Sequence[torch.Tensor],
         else:
             flat.append(o.value)
     return pytree.tree_unflatten(flat, info.out_spec)
+
+
+def check_outputs(outs: Any, n: int, backend: str, graph: str, none_ok: bool = False) -> None:
+    """A compiled ATen graph must return a tuple/list of ``n`` tensors (checked on its first call):
+    anything else would be indexed into a wrong answer or a bare IndexError."""
+    ok = isinstance(outs, (tuple, list)) and len(outs) == n and all(
+        isinstance(o, torch.Tensor) or (none_ok and o is None) for o in outs)
+    if not ok:
+        what = (f"{type(outs).__name__} of {len(outs)}: "
+                f"[{', '.join(type(o).__name__ for o in list(outs)[:8])}]"
+                if isinstance(outs, (tuple, list)) else type(outs).__name__)
+        raise BackendCompilerFailed(
+            f"backend {backend!r}: the callable it compiled for the {graph} graph returned {what}; "
+            f"expected a tuple or list of {n} tensors (what the graph returns)")
 
 
 def _itemsize(dtype: torch.dtype) -> int:
@@ -99,11 +113,16 @@ class ForwardOnly:
     info: GraphInfo
     fw: Callable[..., Any]
     graph: Any = None  # the functional ATen forward graph (for inspection)
+    backend: str = "?"
+    checked: bool = False
 
     def __call__(self, inputs: Sequence[torch.Tensor]) -> Any:
         with _no_autocast():
             outs = self.fw(*inputs)
         n = len(self.info.graph_out_flat)
+        if not self.checked:
+            check_outputs(outs, n + len(self.info.mutated), self.backend, "inference")
+            self.checked = True
         _copy_back(self.info, inputs, outs[n:n + len(self.info.mutated)])
         return _regenerate(self.info, inputs, outs[:n])
 
@@ -114,8 +133,10 @@ class Training:
     def __init__(self, info: GraphInfo, fw: Callable[..., Any], bw_compile: Callable[..., Any],
                  requires_grad: Sequence[bool], n_saved: int, tangent_meta: list[Any],
                  grad_deps: Sequence[frozenset[int]],
-                 primal_reaches: Sequence[frozenset[int]] | None = None):
+                 primal_reaches: Sequence[frozenset[int]] | None = None, backend: str = "?"):
         self.info = info
+        self.backend = backend
+        self._fw_checked = self._bw_checked = False
         self.partition: Any = None  # the Partition (forward/backward graphs), for inspection
         n_user = len(info.graph_out_flat)
         self.n_fwd = n_user + len(info.mutated)
@@ -142,6 +163,9 @@ class Training:
             def forward(ctx: Any, *inputs: torch.Tensor) -> Any:
                 with _no_autocast():
                     outs = fw(*inputs)
+                if not runtime._fw_checked:
+                    check_outputs(outs, runtime.n_fwd + n_saved, runtime.backend, "forward")
+                    runtime._fw_checked = True
                 fwd, saved = outs[:runtime.n_fwd], outs[runtime.n_fwd:runtime.n_fwd + n_saved]
                 ctx.save_for_backward(*saved)
                 ctx.set_materialize_grads(False)
@@ -176,6 +200,10 @@ class Training:
                     runtime._bw = runtime._bw_compile()
                 with _no_autocast():
                     gin = runtime._bw(*saved, *tangents)
+                if not runtime._bw_checked:
+                    check_outputs(gin, len(runtime.rg_idx), runtime.backend, "backward",
+                                  none_ok=True)
+                    runtime._bw_checked = True
                 result: list[Any] = [None] * n_inputs
                 for i, g, d in zip(runtime.rg_idx, gin, grad_deps):
                     # as in eager, no gradient for inputs reaching only outputs unused in the loss
