@@ -12,6 +12,7 @@ from . import events
 from .context import CompileContext, InputInfo, device_of
 from .exc import BackendCompilerFailed, EmberError, InferenceOnlyBackend
 from .plugins import Backend, graph_passes
+from .state import global_state, set_global_state
 
 __all__ = ["compile_graph", "call_backend", "check_outputs"]
 
@@ -31,18 +32,9 @@ def _run_passes(gm: torch.fx.GraphModule, stage: str) -> torch.fx.GraphModule:
     return gm
 
 
-def _global_state() -> tuple:
-    return (torch.is_grad_enabled(),
-            tuple((d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d))
-                  for d in ("cpu", "cuda")))
-
-
-def _set_global_state(state: tuple) -> None:
-    grad, autocast = state
-    torch._C._set_grad_enabled(grad)
-    for d, enabled, dtype in autocast:
-        torch.set_autocast_enabled(d, enabled)
-        torch.set_autocast_dtype(d, dtype)
+# Kept under these names for the modules that import them from here.
+_global_state = global_state
+_set_global_state = set_global_state
 
 
 def call_backend(backend: Backend, gm: torch.fx.GraphModule, example_inputs: list[Any],

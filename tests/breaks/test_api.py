@@ -414,7 +414,7 @@ def test_logs_guards_and_output_code(artifact_logs: pytest.LogCaptureFixture) ->
     assert len(guards) == 1 and "guards for" in guards[0]
     assert "(x).shape == (2, 3)" in guards[0]
     code = _records(artifact_logs, "output_code")
-    assert len(code) == 1 and "def ___entry(x)" in code[0]
+    assert len(code) == 1 and "def ___entry(___fn, x)" in code[0]
 
 
 def test_logs_off_by_default(capsys: pytest.CaptureFixture[str]) -> None:

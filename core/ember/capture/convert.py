@@ -25,6 +25,7 @@ import torch.fx
 from .. import _logging, events
 from ..backends import compile_graph
 from ..context import InputInfo, graph_id_for
+from ..state import global_state, set_global_state
 from ..exc import Unsupported
 from . import resume as resume_mod
 from . import artifact
@@ -245,8 +246,7 @@ def _convert(fn: Callable[..., Any], args: tuple, kwargs: dict, backend: Any,
             out.guards.add(f"not ___torch.is_autocast_enabled({dev!r})")
     broke: BreakHere | None = None
     break_grad = grad
-    autocast_state = [(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d))
-                      for d in ("cpu", "cuda")]
+    state = global_state()
     try:
         result: Var | None = frame.run()
     except BreakHere as b:
@@ -259,10 +259,7 @@ def _convert(fn: Callable[..., Any], args: tuple, kwargs: dict, backend: Any,
             if isinstance(v, ExitVar) and v.source is None:  # opened by this graph
                 v.restore()
     finally:
-        torch._C._set_grad_enabled(grad)
-        for d, en, dt in autocast_state:
-            torch.set_autocast_enabled(d, en)
-            torch.set_autocast_dtype(d, dt)
+        set_global_state(state)
 
     if len(out.arg_tensor_sources) > 1:
         srcs = out.arg_tensor_sources

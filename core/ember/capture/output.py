@@ -26,69 +26,11 @@ from .variables import (BoundMethodVar, BuiltinVar, CellVar, ClassVar, ConstVar,
                         TupleVar, Var)
 
 
-class GradRestore:
-    """Stands for the ``__exit__`` of a grad-mode ``with`` block that a graph break split."""
-
-    def __init__(self, prev: bool):
-        self.prev = prev
-
-    def __call__(self, *exc: object) -> bool:
-        torch._C._set_grad_enabled(self.prev)
-        return False
-
-
-class AutocastExit:
-    """The ``__exit__`` of an autocast region that a graph break split: restores the autocast
-    state that was in force before the region (a plain value, so a resume function's trace can
-    guard on it and replay it)."""
-
-    def __init__(self, device_type: str, prev_enabled: bool, prev_dtype: torch.dtype):
-        self.device_type = device_type
-        self.prev_enabled = prev_enabled
-        self.prev_dtype = prev_dtype
-
-    def __call__(self, *exc: object) -> bool:
-        restore_autocast(self.device_type, self.prev_enabled, self.prev_dtype)
-        _leave_nesting(1)
-        return False
-
-
-def restore_autocast(device_type: str, enabled: bool, dtype: torch.dtype) -> None:
-    """Set autocast's state back (idempotent: the nesting count is the entry's business)."""
-    torch.set_autocast_enabled(device_type, enabled)
-    torch.set_autocast_dtype(device_type, dtype)
-
-
-def autocast_nesting() -> int:
-    n = torch.autocast_increment_nesting()
-    torch.autocast_decrement_nesting()
-    return n - 1
-
-
-def _leave_nesting(k: int) -> None:
-    for _ in range(k):
-        if torch.autocast_decrement_nesting() == 0:
-            torch.clear_autocast_cache()
-
-
-def settle_autocast(exits: tuple, nesting_before: int) -> None:
-    """After a graph that left autocast regions opened before it: the state those exits restore
-    and the nesting count one lower per exit, whether or not the backend ran the graph's
-    Python-level state switches."""
-    for device_type, enabled, dtype in exits:
-        restore_autocast(device_type, enabled, dtype)
-    target = nesting_before - len(exits)
-    _leave_nesting(max(0, autocast_nesting() - target))
-
-
-def _enter_autocast(device_type: str, dtype: torch.dtype, enabled: bool) -> AutocastExit:
-    """Re-enters an autocast region that a graph break split; returns its exit."""
-    prev = AutocastExit(device_type, torch.is_autocast_enabled(device_type),
-                        torch.get_autocast_dtype(device_type))
-    torch.set_autocast_enabled(device_type, enabled)
-    torch.set_autocast_dtype(device_type, dtype)
-    torch.autocast_increment_nesting()
-    return prev
+# Grad-mode and autocast state lives in one module (ember.state); these names stay importable
+# from here for the capture modules that use them.
+from ..state import (AutocastExit, GradRestore, autocast_nesting,  # noqa: E402,F401
+                     enter_autocast as _enter_autocast, leave_nesting as _leave_nesting,
+                     restore_autocast, settle_autocast)
 
 
 def _mkobj(cls: type, fields: dict) -> object:
