@@ -13,11 +13,13 @@ import ember
 __all__ = ["compile_inductor"]
 
 
-def compile_inductor(gm: Any, example_inputs: list[Any], **options: Any) -> Any:
-    """Compile an ATen graph from Ember's AOT autograd; see :mod:`ember_inductor.compile_fx`."""
+def compile_inductor(gm: Any, example_inputs: list[Any], *, context: Any = None,
+                     **options: Any) -> Any:
+    """Compile an ATen graph from Ember's AOT autograd; see :mod:`ember_inductor.compile_fx`.
+    ``context`` (an ember CompileContext) is optional."""
     from .compile_fx import compile_inductor as compile_fx
 
-    return compile_fx(gm, example_inputs, **options)
+    return compile_fx(gm, example_inputs, context=context, **options)
 
 
 def _decompositions() -> Any:
