@@ -137,12 +137,17 @@ def selected_ops(names: set[str] | None = None) -> list[Any]:
     return ops
 
 
+#: EMBER_OPINFO_GRAD=0 (or --no-grad): samples without requires_grad (the inference path of AOT
+#: autograd: one forward graph) and no gradients compared.
+GRAD = os.environ.get("EMBER_OPINFO_GRAD", "1") != "0"
+
+
 def cases_for(op: Any, n_samples: int) -> Iterator[Case]:
     """The first ``n_samples`` samples of ``op``, generated under a seed derived from its name (the
     same samples on every run with the same torch)."""
     key = op_key(op)
     torch.manual_seed(zlib.crc32(key.encode()))
-    grad = bool(op.supports_autograd)
+    grad = bool(op.supports_autograd) and GRAD
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         gen = op.sample_inputs("cpu", DTYPE, requires_grad=grad)
@@ -543,8 +548,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="", help="write every result to this JSON file")
     p.add_argument("--merge-oracle", nargs="*", default=None, metavar="FILE",
                    help="merge torch:<--oracle backend> results of these --out files")
+    p.add_argument("--no-grad", action="store_true",
+                   help="samples that do not require grad (AOT's inference path)")
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
+    if args.no_grad:
+        global GRAD
+        GRAD = False
     if args.merge_oracle is not None:
         n, dropped = merge_oracle(args.merge_oracle, args.oracle)
         print(f"merged {n} samples, dropped {dropped} (not the same sample here)")
