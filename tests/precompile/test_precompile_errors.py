@@ -140,3 +140,24 @@ def test_unsupported_argument_type_refused():
 
     with pytest.raises(PrecompileError, match=r"argument 'h' of type Holder"):
         ember.precompile(lambda x, h: x + 1, torch.randn(2), Holder())
+
+
+def test_tied_and_repeated_tensors_must_stay_tied():
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(4, 4)
+            self.b = torch.nn.Linear(4, 4)
+            self.b.weight = self.a.weight
+
+        def forward(self, x):
+            return self.b(self.a(x))
+
+    m, x = Tied(), torch.randn(2, 4)
+    fn = ember.precompile(lambda m, x, y: m(x) + y, m, x, x).load()
+    other = Tied()
+    torch.testing.assert_close(fn(other, x, x), other(x) + x)
+    untied = Tied()
+    untied.b.weight = torch.nn.Parameter(untied.a.weight.detach().clone())
+    _raises(fn, untied, x, x, match=r"m.b.weight: expected the same tensor object")
+    _raises(fn, other, x, x.clone(), match=r"'y': expected the same tensor object")

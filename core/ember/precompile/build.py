@@ -231,6 +231,12 @@ def _t(t: torch.Tensor) -> str:
 
 def _walk_args(names: list[str], args: tuple) -> _Args:
     a = _Args(names, [], [], {}, [])
+    aliases: list[tuple[str, str, str]] = []  # (label, expr, expr of the first occurrence)
+
+    def note(t: torch.Tensor, expr: str, label: str) -> None:
+        first = a.tensor_expr.setdefault(id(t), expr)
+        if first != expr:  # the graph reads one input for both: they must stay one tensor
+            aliases.append((label, expr, first))
 
     def leaf(expr: str, label: str, v: Any, depth: int) -> None:
         if isinstance(v, torch.Tensor):
@@ -240,7 +246,7 @@ def _walk_args(names: list[str], args: tuple) -> _Args:
             a.checks.append(
                 f"_rt.check_tensor({label!r}, {expr}, {tuple(v.shape)!r}, {tuple(v.stride())!r}, "
                 f"{v.dtype!r}, {str(v.device)!r}, {v.layout!r}, {bool(v.requires_grad)})")
-            a.tensor_expr.setdefault(id(v), expr)
+            note(v, expr, f"argument {label!r}")
         elif isinstance(v, torch.nn.Module):
             if depth:
                 raise PrecompileError(f"argument {label!r}: a module inside a container; pass "
@@ -253,7 +259,7 @@ def _walk_args(names: list[str], args: tuple) -> _Args:
             a.checks.append(f"p_{expr} = _rt.check_module({label!r}, {expr}, {cls!r}, "
                             f"STATE_{expr}, MODES_{expr})")
             for k, t in tensors.items():
-                a.tensor_expr.setdefault(id(t), f"p_{expr}[{k!r}]")
+                note(t, f"p_{expr}[{k!r}]", f"{label}.{k}")
             a.meta.append({"argument": label, "module": cls, "tensors": len(tensors)})
         elif isinstance(v, (list, tuple)) and type(v) in (list, tuple):
             a.checks.append(f"_rt.check_value({label + ' (container)'!r}, "
@@ -277,6 +283,8 @@ def _walk_args(names: list[str], args: tuple) -> _Args:
 
     for name, v in zip(names, args):
         leaf(name, name, v, 0)
+    for label, expr, first in aliases:
+        a.checks.append(f"_rt.check_alias({label!r}, {expr}, {first})")
     return a
 
 

@@ -122,6 +122,14 @@ def check_module(name: str, m: Any, cls: str, state: dict[str, tuple], modes: di
     return tensors
 
 
+def check_alias(name: str, t: Any, first: Any) -> None:
+    """Two places that held one tensor when traced (a tied weight, a tensor passed twice) must
+    still hold one: the graph reads it once."""
+    if t is not first:
+        _fail(f"{name}", "the same tensor object as when precompiled (tied / passed twice)",
+              "a different tensor", "The graph reads it once: tie it again, or precompile again")
+
+
 def check_strides(name: str, t: torch.Tensor, stride: tuple) -> None:
     if tuple(t.stride()) != stride:
         _fail(f"{name} strides (memory layout)", stride, tuple(t.stride()))
