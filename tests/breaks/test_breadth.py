@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import functools
 
+import pytest
 import torch
 
 import ember
@@ -195,3 +196,45 @@ def test_break_in_try_block_still_compiles_the_callee() -> None:
     out, stats, _ = _compile_run(f, x)
     torch.testing.assert_close(out, f(x))
     assert stats.get("fallbacks", 0) == 0 and stats["graphs"] >= 2, stats
+
+
+def _item(x):
+    n = x.sum().item()
+    return x * n
+
+
+def _nonzero(x):
+    return (x > 0).nonzero().sum() + x.sum()
+
+
+def _arange_tensor_end(x, n):
+    return torch.arange(n) * x.sum()
+
+
+def _branch(x):
+    if x.sum() > 0:
+        return x + 1
+    return x - 1
+
+
+@pytest.mark.parametrize("fn,extra", [(_item, ()), (_nonzero, ()),
+                                      (_arange_tensor_end, (torch.tensor(5),)), (_branch, ())])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_data_dependent_ops_break_there_not_the_whole_frame(fn, extra, backend) -> None:
+    x = torch.randn(4)
+    out, stats, breaks = _compile_run(fn, x, *extra, backend=backend)
+    torch.testing.assert_close(out, fn(x, *extra))
+    assert stats.get("fallbacks", 0) == 0 and breaks == 1 and stats.get("graphs", 0) >= 1, stats
+
+
+def test_sparse_csr_input_runs_eagerly_with_a_reason(caplog) -> None:
+    def f(x, s):
+        return (s @ x).sum()
+
+    x, s = torch.randn(3, 2), torch.eye(3).to_sparse_csr()
+    with caplog.at_level("INFO", logger="ember.fallback"):
+        out, stats, _ = _compile_run(f, x, s)
+    torch.testing.assert_close(out, f(x, s))
+    assert stats.get("fallbacks") == 1
+    assert "layout torch.sparse_csr" in caplog.text
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]  # not an internal error

@@ -140,6 +140,9 @@ class Tracer:
         out = self.out
         g = out.guards.add if guard else (lambda e: None)
         if isinstance(value, torch.Tensor):
+            if value.layout != torch.strided:
+                raise Unsupported(f"a tensor with layout {value.layout} ({source}): capture "
+                                  "handles strided (dense) tensors only, so this runs eagerly")
             is_param = ("._parameters[" in source or "._buffers[" in source
                         or isinstance(value, torch.nn.Parameter))
             return out.add_input(value, source, is_param=is_param)
