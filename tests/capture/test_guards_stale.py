@@ -173,7 +173,11 @@ def test_forward_hook_added_to_compiled_module():
     with torch.no_grad():
         _same(cl(x), lin(x))
         h = lin.register_forward_hook(lambda mod, inp, out: out * 0 + 1)
+        graphs = ember.events.counters["stats"]["graphs"]
         _same(cl(x), torch.ones(2, 3))
+        _same(cl(x), torch.ones(2, 3))
+        # the call through Module.__call__ is compiled too (hooks traced), once
+        assert ember.events.counters["stats"]["graphs"] == graphs + 1
         h.remove()
         _same(cl(x), x @ lin.weight.T + lin.bias)
 

@@ -178,6 +178,8 @@ class CompiledFunction:
         self.fullgraph = fullgraph
         self.bound_self = bound_self
         self._traced_error: BaseException | None = None
+        #: compiles calls through Module.__call__ once the root module has hooks
+        self._hooked: CompiledFunction | None = None
         #: fn is the forward of the module bound_self, called without Module.__call__
         self._root_module = isinstance(bound_self, _nn_module()) and \
             getattr(type(bound_self), "forward", None) is fn
@@ -222,11 +224,13 @@ class CompiledFunction:
         m = self.bound_self
         if self._root_module:
             if m._forward_pre_hooks or m._forward_hooks or "forward" in m.__dict__:
-                # Hooks or a forward set on the instance: Module.__call__ runs them (eagerly), as
-                # the entries only serve calls of the class's forward without hooks.
-                fallback_log.info("ember: %s has forward hooks or an instance forward; calling "
-                                  "it eagerly", type(m).__name__)
-                return _module_call(m, args[1:], kwargs)
+                # Hooks or a forward set on the instance: the entries of the class's forward do
+                # not serve this call; a call through Module.__call__ (hooks traced) does.
+                if self._hooked is None:
+                    self._hooked = CompiledFunction(
+                        _module_call_fn(type(m)), self.backend, self.options,
+                        fullgraph=self.fullgraph, bound_self=m, dynamic=self.dynamic)
+                return self._hooked(*args[1:], **kwargs)
             fwd = type(m).forward
             if fwd is not self.fn and isinstance(fwd, types.FunctionType):
                 # The class's forward was replaced after compiling: compile the new one.
@@ -380,10 +384,23 @@ def _nn_module() -> type:
     return torch.nn.Module
 
 
-def _module_call(m: Any, args: tuple, kwargs: dict) -> Any:
-    import torch
+def _call_module(self: Any, *args: Any, **kwargs: Any) -> Any:
+    return self(*args, **kwargs)
 
-    return torch.nn.Module.__call__(m, *args, **kwargs)
+
+_module_call_fns: dict[type, types.FunctionType] = {}
+
+
+def _module_call_fn(cls: type) -> types.FunctionType:
+    """``lambda self, *a, **k: self(*a, **k)`` with a code object of its own per module class
+    (caches are per code object: classes must not share entries and recompile budgets)."""
+    fn = _module_call_fns.get(cls)
+    if fn is None:
+        name = "".join(c if c.isalnum() else "_" for c in cls.__qualname__)
+        code = _call_module.__code__.replace(co_name=f"{name}__call__",
+                                             co_qualname=f"{cls.__qualname__}.__call__")
+        fn = _module_call_fns[cls] = types.FunctionType(code, _call_module.__globals__)
+    return fn
 
 
 def _is_user_error(e: BaseException) -> bool:
