@@ -222,3 +222,17 @@ def test_wrong_output_structure_of_an_aten_backend_names_it(kind, rg):
         outs = ember.compile(fn, backend=_bad_backend(kind))(x)
         if rg:
             sum(o.sum() for o in outs).backward()
+
+
+def test_zero_gradient_through_an_index_path_only_stays_none():
+    # x reaches the used output only through argmax (no gradient flows there): eager gives None
+    def fn(x, y):
+        return torch.angle(x), y[x.argmax()] * 2
+
+    base_x, base_y = torch.randn(4), torch.randn(4)
+    xe, ye = base_x.clone().requires_grad_(), base_y.clone().requires_grad_()
+    xc, yc = base_x.clone().requires_grad_(), base_y.clone().requires_grad_()
+    fn(xe, ye)[1].backward()
+    _compile(fn)(xc, yc)[1].backward()
+    assert xe.grad is None and xc.grad is None
+    torch.testing.assert_close(yc.grad, ye.grad)

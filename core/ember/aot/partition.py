@@ -231,7 +231,7 @@ def _primal_reaches(g: fx.Graph, primals: list[fx.Node], fwd_outs: list[Any],
                     tangent_dep: set[fx.Node]) -> list[frozenset[int]]:
     src: dict[fx.Node, frozenset[int]] = {p: frozenset([i]) for i, p in enumerate(primals)}
     for n in g.nodes:
-        if n.op == "call_function" and n not in tangent_dep:
+        if n.op == "call_function" and n not in tangent_dep and _differentiable(n):
             d = frozenset().union(*[src.get(a, frozenset()) for a in n.all_input_nodes])
             if d:
                 src[n] = d
@@ -241,6 +241,19 @@ def _primal_reaches(g: fx.Graph, primals: list[fx.Node], fwd_outs: list[Any],
             for i in src.get(o, ()):
                 reach[i].add(k)
     return [frozenset(r) for r in reach]
+
+
+def _differentiable(n: fx.Node) -> bool:
+    """Whether gradients can flow through ``n``'s value (integer and bool results, such as argmax
+    indices or masks, carry none)."""
+    vals = [v for v in _flat_vals(n.meta.get("val")) if isinstance(v, torch.Tensor)]
+    return not vals or any(v.is_floating_point() or v.is_complex() for v in vals)
+
+
+def _flat_vals(v: Any) -> list[Any]:
+    if isinstance(v, (tuple, list)):
+        return [x for item in v for x in _flat_vals(item)]
+    return [v]
 
 
 def _ancestors(roots: list[fx.Node]) -> set[fx.Node]:
