@@ -176,3 +176,25 @@ def test_output_check_runs_once_then_gets_out_of_the_way():
     for _ in range(3):
         torch.testing.assert_close(f(x), x + 1)
     assert len(calls) == 3
+
+
+def test_graph_ids_are_distinct_per_graph_and_stable_after_reset():
+    seen, be = _recording()
+
+    def f(t):
+        y = t.sin()
+        print("break")
+        return y.cos()
+
+    def run():
+        ember.reset()
+        seen.clear()
+        cf = ember.compile(f, backend=be)
+        cf(torch.randn(3))
+        cf(torch.randn(4))  # a recompile: another graph
+        return [c.graph_id for c, _, _ in seen]
+
+    ids = run()
+    assert len(ids) == len(set(ids)) >= 3
+    assert run() == ids  # the same program gives the same names
+    assert ember.last_capture().graph_id in ids
