@@ -19,8 +19,7 @@ from typing import Any, Sequence
 
 import sympy
 
-from .ir import (Buffer, ComputedBuffer, ExternKernel, InputBuffer, IRNode, MultiOutput, NoneValue,
-                 Reduction, ReinterpretView)
+from .ir import Buffer, ComputedBuffer, ExternKernel, MultiOutput, Reduction, ReinterpretView
 from .sizes import FloorDiv, ModularIndexing, product, rvar, sym, var
 from .virtualized import set_ops_handler
 
@@ -382,10 +381,4 @@ def merge_loops(g: FusedGroup) -> None:
                 m.inner = b.inner
 
 
-def storage_name(v: IRNode) -> str | None:
-    if isinstance(v, (Buffer, ReinterpretView)):
-        return v.storage().name
-    return None
 
-
-__all__ += ["storage_name", "InputBuffer", "NoneValue"]

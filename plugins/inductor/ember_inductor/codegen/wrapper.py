@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from ..ir import Buffer, ExternKernel, InputBuffer, MultiOutput, NoneValue, ReinterpretView
-from ..scheduler import CppRegion, Scheduler
+from ..ir import Buffer, ExternKernel, MultiOutput, NoneValue, ReinterpretView
+from ..scheduler import CppRegion, Scheduler, _reads_of
 
 __all__ = ["generate_wrapper"]
 
@@ -120,7 +120,6 @@ class WrapperWriter:
             for n in self._uses(st):
                 last[n] = i
         keep = set(s.output_names) | {b.name for b in g.inputs} | set(g.constants)
-        dtypes = {}
         for i, st in enumerate(s.steps):
             if isinstance(st, CppRegion):
                 ptrs = []
@@ -154,7 +153,6 @@ class WrapperWriter:
         for o in g.outputs:
             outs.append(self.value(o))
         body.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
-        del dtypes
         return "\n".join(head + body) + "\n"
 
     def _buffer(self, name: str) -> Buffer:
@@ -168,7 +166,6 @@ class WrapperWriter:
         return self._names
 
     def _uses(self, st: Any) -> list[str]:
-        from ..scheduler import _reads_of
         if isinstance(st, CppRegion):
             return list(st.reads) + list(st.writes)
         out = list(_reads_of(st))
@@ -179,5 +176,3 @@ class WrapperWriter:
 def generate_wrapper(graph: Any, sched: Scheduler, cpp_sources: list[str], key: str) -> str:
     return WrapperWriter(graph, sched, cpp_sources, key).generate()
 
-
-del InputBuffer

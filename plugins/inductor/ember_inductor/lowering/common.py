@@ -100,7 +100,6 @@ def pointwise(fn: Callable[..., Any], inputs: Sequence[Any], compute_dtype: torc
         compute_dtype = out_dtype
     check_dtype(compute_dtype)
     loaders = [loader(x, size, compute_dtype) for x in inputs]
-    res_dtype_box: list[Any] = []
 
     def inner(idx: Sequence[Any]) -> Any:
         v = fn(*[ld(idx) for ld in loaders])
@@ -108,6 +107,5 @@ def pointwise(fn: Callable[..., Any], inputs: Sequence[Any], compute_dtype: torc
 
     device = next((x.device for x in inputs if is_value(x)), m.device if m is not None else
                   torch.device("cpu"))
-    del res_dtype_box
     cost = 1 + sum(x.op_count() for x in inputs if is_value(x))
     return Pointwise(device, out_dtype, size, inner, cost)
