@@ -161,3 +161,21 @@ def test_tied_and_repeated_tensors_must_stay_tied():
     untied.b.weight = torch.nn.Parameter(untied.a.weight.detach().clone())
     _raises(fn, untied, x, x, match=r"m.b.weight: expected the same tensor object")
     _raises(fn, other, x, x.clone(), match=r"'y': expected the same tensor object")
+
+
+def test_python_values_the_graph_depends_on_are_checked():
+    class Scaled(torch.nn.Module):
+        def __init__(self, scale=2.0, heads=4):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+            self.scale, self.heads = scale, heads
+
+        def forward(self, x):
+            return self.fc(x).view(x.shape[0], self.heads, -1) * self.scale
+
+    m, x = Scaled(), torch.randn(2, 4)
+    fn = ember.precompile(lambda model, x: model(x), m, x).load()
+    assert "_rt.check_guard(" in fn.source
+    torch.testing.assert_close(fn(Scaled(), x).shape, m(x).shape)
+    _raises(fn, Scaled(scale=3.0), x, match=r"guard `.*model.scale.*`: expected True")
+    _raises(fn, Scaled(heads=2), x, match=r"guard `.*model.heads.*`")

@@ -323,6 +323,47 @@ def _result_expr(result: Any, out_index: dict[int, int], arg_expr: dict[int, str
     return _const(result)
 
 
+_GUARD_BUILTINS = {"type", "int", "float", "bool", "str", "len", "tuple", "list", "dict", "None",
+                   "True", "False", "hasattr", "getattr", "isinstance", "bytes", "range"}
+
+
+def _value_guards(guards: list[str], orig: list[str], new: list[str], args: tuple) -> list[str]:
+    """Capture's guards on plain Python values reached from the arguments (a module's
+    ``heads`` or ``eps``, a config flag, ``hasattr(model, 'config')``): the graph was
+    specialized on them, so the artifact checks them too. Only guards that name nothing but the
+    arguments and a few builtins are kept (identity guards on objects of the tracing process
+    cannot hold for another model); each is renamed to the artifact's argument names and must
+    hold for the example inputs."""
+    import ast
+
+    rename = dict(zip(orig, new))
+    env = dict(zip(new, args))
+    out = []
+    for g in guards:
+        try:
+            tree = ast.parse(g, mode="eval")
+        except SyntaxError:
+            continue
+        names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        if not names or not names & set(orig) or not names <= set(orig) | _GUARD_BUILTINS:
+            continue
+
+        class _Rename(ast.NodeTransformer):
+            def visit_Name(self, node: ast.Name) -> ast.AST:
+                if node.id in rename:
+                    return ast.copy_location(ast.Name(rename[node.id], node.ctx), node)
+                return node
+
+        expr = ast.unparse(_Rename().visit(tree))
+        try:
+            ok = eval(expr, {"__builtins__": __builtins__}, dict(env)) is True  # noqa: S307
+        except Exception:
+            ok = False
+        if ok:
+            out.append(f"_rt.check_guard({expr!r}, lambda: {expr})")
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # 4. compile
 # ---------------------------------------------------------------------------------------------
@@ -572,6 +613,8 @@ def precompile(fn: Any, *example_inputs: Any, backend: str | Backend = "aot_eage
     walked = _walk_args(names, args)
     cap = _capture(call, bound_self, example_inputs)
     _check_no_side_effects(cap.entry)
+    orig = list(call.__code__.co_varnames[:call.__code__.co_argcount])[:len(args)]
+    walked.checks += _value_guards(list(getattr(cap.entry, "guards", [])), orig, names, args)
     if not all(isinstance(t, torch.Tensor) for t in cap.example_inputs):
         raise PrecompileError("ember.precompile: the graph has non-tensor inputs")
     input_exprs = []

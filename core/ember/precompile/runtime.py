@@ -122,6 +122,19 @@ def check_module(name: str, m: Any, cls: str, state: dict[str, tuple], modes: di
     return tensors
 
 
+def check_guard(expr: str, holds: Any) -> None:
+    """A Python value the graph was specialized on (a module attribute, a flag) is unchanged."""
+    try:
+        ok = holds() is True
+    except Exception as e:  # an attribute that no longer exists, ...
+        ok, why = False, f"{type(e).__name__}: {e}"
+    else:
+        why = "False"
+    if not ok:
+        _fail(f"guard `{expr}`", "True (the graph was specialized on this value)", why,
+              "Call with a model/arguments configured as when precompiled, or precompile again")
+
+
 def check_alias(name: str, t: Any, first: Any) -> None:
     """Two places that held one tensor when traced (a tied weight, a tensor passed twice) must
     still hold one: the graph reads it once."""
