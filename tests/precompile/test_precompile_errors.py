@@ -62,6 +62,9 @@ def test_model_checks(loaded):
     _raises(fn, m, x, match=r"parameters and buffers.*extra: \['extra.weight', 'extra.bias'\]")
     _raises(fn, torch.nn.Sequential(torch.nn.Linear(8, 4)), x, match=r"class: expected .*Net")
     _raises(fn, Net().eval(), x, match=r"model.<root> mode: expected train\(\), given eval\(\)")
+    m = Net()
+    m.fc.register_forward_hook(lambda mod, inp, out: out * 2)
+    _raises(fn, m, x, match=r"model.fc forward hooks: expected none, given some")
 
 
 def test_state_checks(loaded):

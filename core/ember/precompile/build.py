@@ -256,8 +256,11 @@ def _walk_args(names: list[str], args: tuple) -> _Args:
             state = ",\n".join(f"    {k!r}: ({_t(t)})" for k, t in tensors.items())
             a.decls.append(f"STATE_{expr} = {{\n{state}\n}}")
             a.decls.append(f"MODES_{expr} = {modes!r}")
+            hooked = sorted(p for p, sub in v.named_modules(remove_duplicate=False)
+                            if sub._forward_hooks or sub._forward_pre_hooks)
             a.checks.append(f"p_{expr} = _rt.check_module({label!r}, {expr}, {cls!r}, "
-                            f"STATE_{expr}, MODES_{expr})")
+                            f"STATE_{expr}, MODES_{expr}"
+                            + (f", frozenset({hooked!r}))" if hooked else ")"))
             for k, t in tensors.items():
                 note(t, f"p_{expr}[{k!r}]", f"{label}.{k}")
             a.meta.append({"argument": label, "module": cls, "tensors": len(tensors)})

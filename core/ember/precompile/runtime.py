@@ -80,9 +80,10 @@ def check_value(name: str, v: Any, expected: Any) -> None:
               "The graph was specialized on this value: precompile again for another one")
 
 
-def check_module(name: str, m: Any, cls: str, state: dict[str, tuple], modes: dict[str, bool]
-                 ) -> dict[str, torch.Tensor]:
-    """A model argument: its class, the train/eval mode of every submodule, and its parameters
+def check_module(name: str, m: Any, cls: str, state: dict[str, tuple], modes: dict[str, bool],
+                 hooked: frozenset = frozenset()) -> dict[str, torch.Tensor]:
+    """A model argument: its class, the train/eval mode of every submodule, whether it has
+    forward hooks, and its parameters
     and buffers (names, shapes, dtypes, devices, requires_grad). Returns name -> tensor, read
     now (the weights are those of the model passed, not stored in the artifact)."""
     if not isinstance(m, torch.nn.Module):
@@ -96,6 +97,10 @@ def check_module(name: str, m: Any, cls: str, state: dict[str, tuple], modes: di
         if want is not None and sub.training is not want:
             _fail(f"{name}.{prefix or '<root>'} mode", "train()" if want else "eval()",
                   "train()" if sub.training else "eval()")
+        if bool(sub._forward_hooks or sub._forward_pre_hooks) is not (prefix in hooked):
+            _fail(f"{name}.{prefix or '<root>'} forward hooks",
+                  "some" if prefix in hooked else "none", "some" if prefix not in hooked else
+                  "none", "The precompiled graph holds the hooks present when it was traced")
         dot = prefix + "." if prefix else ""
         for k, v in sub._parameters.items():
             if v is not None:
