@@ -238,3 +238,44 @@ def test_sparse_csr_input_runs_eagerly_with_a_reason(caplog) -> None:
     assert stats.get("fallbacks") == 1
     assert "layout torch.sparse_csr" in caplog.text
     assert not [r for r in caplog.records if r.levelname == "WARNING"]  # not an internal error
+
+
+class _Act(torch.nn.Module):
+    def forward(self, x):
+        return torch.nn.functional.silu(x)
+
+
+class _Layers(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lins = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(3))
+
+    def forward(self, x):
+        for lin in self.lins:
+            act = _Act()  # built per layer, inside the loop (ACT2FN-style)
+            x = act(lin(x))
+        return x
+
+
+def test_parameterless_module_built_in_a_loop() -> None:
+    m = _Layers()
+    x = torch.randn(2, 4)
+    out, stats, breaks = _compile_run(m, x)
+    _one_graph(stats, breaks)
+    torch.testing.assert_close(out, m(x))
+
+
+def test_model_output_from_before_a_break() -> None:
+    transformers = pytest.importorskip("transformers")
+    from transformers.modeling_outputs import BaseModelOutput
+
+    def f(x):
+        out = BaseModelOutput(last_hidden_state=x.sin())
+        print("break")
+        keys = list(out.keys())
+        return out[keys[0]] * len(keys), out.to_tuple()[0]
+
+    x = torch.randn(3)
+    out, stats, _ = _compile_run(f, x)
+    torch.testing.assert_close(out, f(x))
+    assert stats.get("fallbacks", 0) == 0 and stats["graphs"] == 2, stats

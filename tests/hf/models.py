@@ -137,8 +137,6 @@ SPECS: dict[str, Spec] = {
                                                     groups_width=8)),
     "swin": _s("swin", "vision", "pixels", dict(image_size=32, patch_size=4, embed_dim=16,
                                                 depths=[1, 1], num_heads=[2, 2], window_size=4)),
-    "mobilenet_v2": _s("mobilenet_v2", "vision", "pixels", dict(image_size=32,
-                                                                depth_multiplier=0.25)),
     "bit": _s("bit", "vision", "pixels", dict(num_channels=3, embedding_size=8, hidden_sizes=[8, 16],
                                               depths=[1, 1], num_groups=4)),
     "poolformer": _s("poolformer", "vision", "pixels", dict(num_channels=3, hidden_sizes=[8, 16],

@@ -413,6 +413,11 @@ class Tracer:
                 return obj.fields[name]
             if name == "__class__":
                 return ClassVar(obj.cls, None)
+            if name in ("keys", "values", "items", "get") and _is_model_output(obj.cls):
+                # a ModelOutput is a dict of its fields that are not None: read through a view
+                present = {k: v for k, v in obj.fields.items()
+                           if not (isinstance(v, ConstVar) and v.value is None)}
+                return ContainerMethodVar(DictVar(present), name)
             attr = inspect.getattr_static(obj.cls, name, None)
             if isinstance(attr, types.FunctionType):
                 return BoundMethodVar(FunctionVar(attr), obj)
