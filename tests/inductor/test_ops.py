@@ -271,3 +271,14 @@ def test_int_and_bool_dtypes() -> None:
 def test_float16() -> None:
     x = torch.randn(6, 10).to(torch.float16)
     check(lambda a: (a * 1.3 + 0.1).exp().sum(1), x)
+
+
+def test_column_reductions_and_merged_loops() -> None:
+    # sums over a leading (strided) dim run in tiled form; NCHW elementwise loops merge
+    x = torch.randn(37, 300)
+    check(lambda a: (a.sum(0), a.amax(0), (a * 2).sum(0, keepdim=True), a.min(0).values), x)
+    y = torch.randn(3, 4, 9, 70)
+    check(lambda a: (a.sum((0, 2)), (a.relu() * 2).sum((0, 2, 3)), a.mean(0)), y)
+    z = torch.randn(2, 3, 8, 8)
+    w = torch.randn(3, 1, 1)
+    check(lambda a: ((a - a.mean((0, 2, 3), keepdim=True)) * w).relu()[:, :, 1:, :], z)
