@@ -236,3 +236,42 @@ def test_zero_gradient_through_an_index_path_only_stays_none():
     _compile(fn)(xc, yc)[1].backward()
     assert xe.grad is None and xc.grad is None
     torch.testing.assert_close(yc.grad, ye.grad)
+
+
+# -- in-place view ops on inputs (metadata mutations) --------------------------------------------
+
+META = {
+    "t_": lambda x: x.t_(),
+    "t_then_add": lambda x: x.t_() + 1,
+    "transpose_then_mul_": lambda x: (x.transpose_(0, 1).mul_(2), x.sum()),
+    "unsqueeze_": lambda x: x.unsqueeze_(0),
+    "as_strided_": lambda x: x.as_strided_((3,), (2,)) * 2,
+    "view_squeeze_": lambda x: x[0:1].squeeze_(0) * 3,
+}
+
+
+@pytest.mark.parametrize("name", list(META))
+def test_inplace_view_ops_on_inputs(name):
+    fn = META[name]
+    a = torch.randn(2, 3)
+    b = a.clone()
+    e, c = fn(a), _compile(fn)(b)
+    es, cs = (e, c) if isinstance(e, tuple) else ((e,), (c,))
+    for x, y in zip(cs, es):
+        assert x.shape == y.shape and x.stride() == y.stride()
+        torch.testing.assert_close(x, y)
+    assert b.shape == a.shape and b.stride() == a.stride()
+    torch.testing.assert_close(b, a)
+    if e is a:  # the in-place op returns its input, in eager and compiled
+        assert c is b
+
+
+def test_inplace_view_op_on_an_input_in_a_training_graph():
+    def fn(w, x):
+        return x.t_() * w
+
+    w = torch.randn(3, 2, requires_grad=True)
+    with ember.config.patch(suppress_errors=True):
+        out = _compile(fn)(w, torch.randn(2, 3))
+    out.sum().backward()
+    assert w.grad is not None and out.shape == (3, 2)

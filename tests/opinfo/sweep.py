@@ -140,21 +140,27 @@ def selected_ops(names: set[str] | None = None) -> list[Any]:
 #: EMBER_OPINFO_GRAD=0 (or --no-grad): samples without requires_grad (the inference path of AOT
 #: autograd: one forward graph) and no gradients compared.
 GRAD = os.environ.get("EMBER_OPINFO_GRAD", "1") != "0"
+#: EMBER_OPINFO_INPLACE=1 (or --inplace): the ops' in-place variants (``x.add_(y)``), without
+#: grad; the inputs after the call and whether the result is the input itself are compared too
+#: (AOT's input mutations and aliased outputs).
+INPLACE = os.environ.get("EMBER_OPINFO_INPLACE", "0") == "1"
 
 
 def cases_for(op: Any, n_samples: int) -> Iterator[Case]:
     """The first ``n_samples`` samples of ``op``, generated under a seed derived from its name (the
     same samples on every run with the same torch)."""
     key = op_key(op)
+    if INPLACE and op.inplace_variant is None:
+        return
     torch.manual_seed(zlib.crc32(key.encode()))
-    grad = bool(op.supports_autograd) and GRAD
+    grad = bool(op.supports_autograd) and GRAD and not INPLACE
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         gen = op.sample_inputs("cpu", DTYPE, requires_grad=grad)
         samples = list(itertools.islice(gen, n_samples))
     for i, s in enumerate(samples):
         src, consts, tensors = _build_source(s)
-        consts["OP"] = op.op
+        consts["OP"] = op.inplace_variant if INPLACE else op.op
         yield Case(f"{key}#{i}", key, src, consts, tensors,
                    grad and any(t.requires_grad for t in tensors),
                    s.output_process_fn_grad)
@@ -183,6 +189,8 @@ def run_case(case: Case, fn: Callable[..., Any], seed: int = 0) -> Run:
     except Exception as e:  # noqa: BLE001 - classified by the caller
         return Run(error=e)
     r = Run(outputs=out)
+    if INPLACE:  # the mutated inputs, and whether the result is the first input itself
+        r.outputs = (out, [x.detach() for x in xs], out is xs[0] if xs else None)
     if case.grad:
         try:
             processed = case.output_process(out)
@@ -550,11 +558,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="merge torch:<--oracle backend> results of these --out files")
     p.add_argument("--no-grad", action="store_true",
                    help="samples that do not require grad (AOT's inference path)")
+    p.add_argument("--inplace", action="store_true",
+                   help="the ops' in-place variants (input mutations, aliased results)")
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
+    global GRAD, INPLACE
     if args.no_grad:
-        global GRAD
         GRAD = False
+    if args.inplace:
+        INPLACE = True
     if args.merge_oracle is not None:
         n, dropped = merge_oracle(args.merge_oracle, args.oracle)
         print(f"merged {n} samples, dropped {dropped} (not the same sample here)")

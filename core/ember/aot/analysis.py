@@ -50,6 +50,11 @@ class GraphInfo:
     mutated: list[int]  # tensor-input positions the program mutates
     graph_out_requires_grad: list[bool] = dataclasses.field(default_factory=list)
     mutated_requires_grad: list[bool] = dataclasses.field(default_factory=list)
+    # tensor-input position -> (size, stride, storage offset) it has after the program: in-place
+    # view ops (``t_``, ``transpose_``, ``squeeze_``, ``as_strided_``) change an input's metadata
+    # without writing its data; the runtime applies the new metadata after the graph runs
+    meta_mutated: dict[int, tuple[tuple[int, ...], tuple[int, ...], int]] = dataclasses.field(
+        default_factory=dict)
 
 
 class _MutationMode(TorchDispatchMode):
@@ -63,6 +68,7 @@ class _MutationMode(TorchDispatchMode):
 
         self.table = base_decompositions()
         self.written: list[torch.Tensor] = []
+        self.resized: list[torch.Tensor] = []
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -73,6 +79,12 @@ class _MutationMode(TorchDispatchMode):
             if out is not NotImplemented:
                 return out
         schema = getattr(func, "_schema", None)
+        if torch.Tag.inplace_view in getattr(func, "tags", ()):
+            # metadata only (the input's new size/strides are read after the run), except
+            # resize_, which may also reallocate the storage
+            if func.__name__.split(".")[0] in ("resize_", "resize_as_") and args:
+                self.resized.append(args[0])
+            schema = None
         if schema is not None:
             for i, a in enumerate(schema.arguments):
                 if a.alias_info is not None and a.alias_info.is_write:
@@ -109,6 +121,14 @@ def analyze(gm: torch.fx.GraphModule, tensors: Sequence[torch.Tensor],
         flat, spec = _flatten(gm(*fakes))
     mutated = [i for i, f in enumerate(fakes)
                if any(torch._C._is_alias_of(w, f) for w in mm.written)]
+    for i, f in enumerate(fakes):
+        if any(torch._C._is_alias_of(w, f) for w in mm.resized):
+            raise NotImplementedError(
+                "resize_ of a graph input (or of a view of one) is not supported by AOT autograd")
+    meta_mutated = {i: (tuple(f.size()), tuple(f.stride()), f.storage_offset())
+                    for i, (f, t) in enumerate(zip(fakes, tensors))
+                    if (f.size(), f.stride(), f.storage_offset())
+                    != (t.size(), t.stride(), t.storage_offset())}
 
     outputs: list[OutputInfo] = []
     graph_out_flat: list[int] = []
@@ -141,7 +161,7 @@ def analyze(gm: torch.fx.GraphModule, tensors: Sequence[torch.Tensor],
             graph_out_flat.append(k)
         outputs.append(info)
 
-    result = GraphInfo(spec, outputs, graph_out_flat, mutated)
+    result = GraphInfo(spec, outputs, graph_out_flat, mutated, meta_mutated=meta_mutated)
     if need_grad_info:
         _grad_info(gm, tensors, requires_grad, result)
     return result

@@ -175,6 +175,10 @@ class AOTCompiled:
         state = _global_state()
         info: GraphInfo = analyze(fn, tensors, rg, need_grad_info=training)
         _set_global_state(state)
+        if training and any(rg[i] for i in info.meta_mutated):
+            raise NotImplementedError(
+                "an in-place view op (t_, transpose_, squeeze_, as_strided_, ...) changes the "
+                "metadata of an input that requires grad; AOT autograd does not support it")
         out_rg = info.graph_out_requires_grad + info.mutated_requires_grad
         if training and not any(out_rg):
             training = False  # nothing to differentiate: no joint trace needed

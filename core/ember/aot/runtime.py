@@ -99,6 +99,13 @@ def _copy_back(info: GraphInfo, inputs: Sequence[torch.Tensor],
                 inputs[i].copy_(v)
 
 
+def _apply_metadata(info: GraphInfo, inputs: Sequence[torch.Tensor]) -> None:
+    """Inputs whose size/strides the program changed in place (``x.t_()``) get them now."""
+    for i, (size, stride, offset) in info.meta_mutated.items():
+        with torch.no_grad():
+            inputs[i].as_strided_(size, stride, offset)
+
+
 def _no_autocast() -> Any:
     """The ATen graphs already hold the casts that autocast made while they were traced; running
     them under an active autocast would cast a second time (e.g. inside regions the model runs
@@ -123,6 +130,8 @@ class ForwardOnly:
         if not self.checked:
             check_outputs(outs, n + len(self.info.mutated), self.backend, "inference")
             self.checked = True
+        if self.info.meta_mutated:  # first: the new values have the new shapes
+            _apply_metadata(self.info, inputs)
         _copy_back(self.info, inputs, outs[n:n + len(self.info.mutated)])
         return _regenerate(self.info, inputs, outs[:n])
 
@@ -215,5 +224,7 @@ class Training:
     def __call__(self, inputs: Sequence[torch.Tensor]) -> Any:
         outs = self.fn.apply(*inputs)
         n = len(self.info.graph_out_flat)
+        if self.info.meta_mutated:  # first: the new values have the new shapes
+            _apply_metadata(self.info, inputs)
         _copy_back(self.info, inputs, outs[n:self.n_fwd])
         return _regenerate(self.info, inputs, outs[:n])

@@ -70,13 +70,22 @@ def _cleanup(gm: torch.fx.GraphModule) -> None:
     outputs) and ``detach`` nodes (identity in a graph that runs without autograd), then DCE."""
     g = gm.graph
     placeholders = {n for n in g.nodes if n.op == "placeholder"}
+    # in-place view ops on inputs (the metadata mutations of x.t_(); the runtime applies them)
+    input_views = set(placeholders)
+    for n in g.nodes:
+        if (n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+                and torch.Tag.inplace_view in n.target.tags and n.args and n.args[0] in input_views):
+            input_views.add(n)
     for n in list(g.nodes):
         if n.op != "call_function":
             continue
-        if n.target is aten.copy_.default and n.args[0] in placeholders and not n.users:
+        if n.target is aten.copy_.default and n.args[0] in input_views and not n.users:
             g.erase_node(n)
         elif n.target in (aten.detach.default, aten.alias.default) and not _is_output(n):
             n.replace_all_uses_with(n.args[0])
+            g.erase_node(n)
+    for n in reversed(list(g.nodes)):
+        if n in input_views and n not in placeholders and not n.users:
             g.erase_node(n)
     g.eliminate_dead_code()
     g.lint()
