@@ -66,3 +66,22 @@ def test_oracle_covers_the_ci_samples():
     oracle = sweep.load_oracle()["results"]
     missing = [k for k in OPS if f"{k}#0" not in oracle]
     assert len(missing) <= len(OPS) // 50, f"oracle.json lacks {len(missing)} ops: {missing[:20]}"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_opinfo_inplace_variants(backend, monkeypatch):
+    """The ops' in-place variants (``x.add_(y)``, ``x.t_()``), without grad: outputs, the mutated
+    inputs and whether the result is the input itself match eager (AOT's input mutations,
+    metadata mutations and aliased outputs)."""
+    monkeypatch.setattr(sweep, "INPLACE", True)
+    bad, n = [], 0
+    for key, op in OPS.items():
+        if op.inplace_variant is None:
+            continue
+        for case in sweep.cases_for(op, SAMPLES):
+            n += 1
+            r = sweep.run_ember(case, backend, time_limit=60)
+            if r.status not in OK:
+                bad.append(f"{case.key}: {r.status}: {r.reason}")
+    assert n > 100  # the in-place variants were found
+    assert not bad, "\n".join(bad)
