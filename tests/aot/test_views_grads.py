@@ -192,8 +192,10 @@ def test_local_scalar_dense_under_aot_is_refused_with_a_clear_reason():
     g.output((g.call_function(torch.ops.aten.mul.Tensor, (x, s)),))
     gm = fx.GraphModule(torch.nn.Module(), g)
     for rg in (False, True):
-        with pytest.raises(RuntimeError, match="data-dependent shape or value.*_local_scalar_dense"):
-            aot_compile(gm, [torch.randn(3, requires_grad=rg)], backend=ember.get_backend("aot_eager"))
+        with pytest.raises(RuntimeError,
+                           match="data-dependent shape or value.*_local_scalar_dense"):
+            aot_compile(gm, [torch.randn(3, requires_grad=rg)],
+                        backend=ember.get_backend("aot_eager"))
 
 
 # -- a backend's compiled ATen graph returning the wrong structure ----------------------------

@@ -309,7 +309,8 @@ def _eager_reference(case: Case) -> tuple[Run, bool, bool]:
         return ref, False, False
     again = run_case(case, fn, seed=0)
     deterministic = (again.error is None and compare(again.outputs, ref.outputs, "out") is None
-                     and (not case.grad or _grads_differ(again.grads or [], ref.grads or []) is None))
+                     and (not case.grad
+                          or _grads_differ(again.grads or [], ref.grads or []) is None))
     seeded = _SeededOps()
     with seeded:
         run_case(case, fn, seed=0)

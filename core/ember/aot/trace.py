@@ -74,7 +74,8 @@ def _cleanup(gm: torch.fx.GraphModule) -> None:
     input_views = set(placeholders)
     for n in g.nodes:
         if (n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
-                and torch.Tag.inplace_view in n.target.tags and n.args and n.args[0] in input_views):
+                and torch.Tag.inplace_view in n.target.tags
+                and n.args and n.args[0] in input_views):
             input_views.add(n)
     for n in list(g.nodes):
         if n.op != "call_function":
