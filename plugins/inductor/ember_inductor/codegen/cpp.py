@@ -428,8 +428,13 @@ class CppKernel:
             try:
                 if sympy.sympify(m.store_index).coeff(xl) != 1:
                     return False
-                loads = [sympy.sympify(e) for n, e in m.loads if n]
-                strided |= any(e.coeff(xl) == 1 and e.coeff(rl) != 1 for e in loads)
+                # the loads that move along the reduction: none may be contiguous in it, and one
+                # must be contiguous along the outputs
+                moving = [e for e in (sympy.sympify(e) for n, e in m.loads if n)
+                          if e.coeff(rl) != 0]
+                if any(e.coeff(rl) == 1 for e in moving):
+                    return False
+                strided |= any(e.coeff(xl) == 1 for e in moving)
             except Exception:
                 return False
         return strided
