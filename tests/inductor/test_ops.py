@@ -282,3 +282,9 @@ def test_column_reductions_and_merged_loops() -> None:
     z = torch.randn(2, 3, 8, 8)
     w = torch.randn(3, 1, 1)
     check(lambda a: ((a - a.mean((0, 2, 3), keepdim=True)) * w).relu()[:, :, 1:, :], z)
+
+
+def test_complex_values_fall_back_to_aten() -> None:
+    x = torch.randn(8, 16)
+    check(lambda a: torch.fft.rfft(a).abs() * 2, x)
+    check(lambda a: torch.view_as_real(torch.fft.rfft(a)[:, 1:]).sum(-1), x)

@@ -13,6 +13,7 @@ from torch.utils import _pytree as pytree
 from ..ir import (Buffer, ComputedBuffer, ExternKernel, InputBuffer, IRNode, Layout, MultiOutput,
                   NoneValue, Pointwise, Reduction, ReinterpretView)
 from ..sizes import contiguous_strides
+from .common import SUPPORTED_DTYPES
 from .registry import EXTERN_OPS, LOWERINGS, Unsupported, set_current
 
 __all__ = ["GraphLowering", "dense_stride", "layout_of"]
@@ -171,10 +172,17 @@ class GraphLowering:
         if node.target is operator.getitem:
             return self._maybe_realize(node, args[0][args[1]])
         fn = LOWERINGS.get(node.target)
+        if fn is not None and any(isinstance(a, IRNode) and not isinstance(a, NoneValue)
+                                  and a.dtype not in SUPPORTED_DTYPES
+                                  for a in pytree.tree_leaves((args, kwargs))):
+            fn = None  # complex and other dtypes the code generator has no type for
         result = None
         if fn is not None and node.target not in EXTERN_OPS:
             try:
                 result = fn(*args, **kwargs)
+                for r in (result if isinstance(result, (list, tuple)) else [result]):
+                    if isinstance(r, (Pointwise, Reduction)) and r.dtype not in SUPPORTED_DTYPES:
+                        raise Unsupported(f"dtype {r.dtype}")
             except Unsupported as e:
                 log.debug("lowering %s: %s; ATen fallback", node.target, e)
                 result = None
