@@ -166,6 +166,6 @@ def test_zoo_inference(name: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["mlp", "transformer_block", "convnet", "gpt2"])
+@pytest.mark.parametrize("name", ["pointwise", "mlp", "transformer_block", "convnet", "gpt2", "bert"])
 def test_zoo_training(name: str) -> None:
     _run_zoo(name, "train")
