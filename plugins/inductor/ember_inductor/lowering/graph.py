@@ -57,6 +57,9 @@ class GraphLowering:
         self.node: torch.fx.Node | None = None
         self.fallback_ops: list[str] = []
         self._n = 0
+        self._cse: dict[Any, torch.fx.Node] = {}
+        self._realized: dict[int, tuple[IRNode, Buffer]] = {}
+        self._canon: dict[torch.fx.Node, torch.fx.Node] = {}
 
     # -- naming / realizing ----------------------------------------------------------------
     def new_name(self, prefix: str = "buf") -> str:
@@ -71,6 +74,9 @@ class GraphLowering:
         if isinstance(value, (Buffer, ReinterpretView, NoneValue)):
             return value
         if isinstance(value, (Pointwise, Reduction)):
+            done = self._realized.get(id(value))
+            if done is not None and done[0] is value:  # stored once, however many consumers
+                return done[1]
             size = value.get_size()
             if stride is None or len(stride) != len(size):
                 stride = contiguous_strides(size)
@@ -80,6 +86,7 @@ class GraphLowering:
                                          str(self.node.target)).split(".")[0]]
             buf = ComputedBuffer(self.new_name(), layout, value)
             self.operations.append(buf)
+            self._realized[id(value)] = (value, buf)
             return buf
         raise TypeError(f"cannot realize {type(value).__name__}")
 
@@ -167,6 +174,13 @@ class GraphLowering:
             return None
         if node.op != "call_function":
             raise Unsupported(f"fx op {node.op}")
+        key = self._cse_key(node)
+        if key is not None:
+            prior = self._cse.get(key)
+            if prior is not None:  # the same pure op on the same values: reuse its result
+                self._canon[node] = prior
+                return self.env[prior]
+            self._cse[key] = node
         args = pytree.tree_map(self._env_lookup, node.args)
         kwargs = pytree.tree_map(self._env_lookup, node.kwargs)
         if node.target is operator.getitem:
@@ -205,6 +219,34 @@ class GraphLowering:
         for r in (result if isinstance(result, (list, tuple)) else [result]):
             if isinstance(r, Pointwise) and not r.origins:
                 r.origins = origins
+
+    def _cse_key(self, node: torch.fx.Node) -> Any:
+        """A key equal for nodes computing the same pure op on the same values (graphs often
+        recompute attention masks or position ids per layer); None for anything else."""
+        if node.target not in LOWERINGS or node.target in EXTERN_OPS:
+            return None
+
+        def conv(a: Any) -> Any:
+            if isinstance(a, torch.fx.Node):
+                return ("node", self._canon.get(a, a).name)
+            if isinstance(a, (list, tuple)):
+                return (type(a).__name__,) + tuple(conv(x) for x in a)
+            if isinstance(a, dict):
+                return ("dict",) + tuple(sorted((k, conv(v)) for k, v in a.items()))
+            if isinstance(a, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
+                return str(a)
+            if isinstance(a, float) and a != a:
+                raise TypeError("NaN constant")
+            if a is None or isinstance(a, (bool, int, float, str)):
+                return (type(a).__name__, a)
+            raise TypeError(type(a).__name__)
+
+        try:
+            key = (node.target, conv(node.args), conv(node.kwargs))
+            hash(key)
+        except TypeError:
+            return None
+        return key
 
     def _realize_like_nodes(self, nodes: Any, values: Any) -> Any:
         if isinstance(nodes, torch.fx.Node):
