@@ -31,6 +31,8 @@ def _const(v: Any) -> str:
         if math.isinf(v) or math.isnan(v):
             return f"float({str(v)!r})"
         return repr(v)
+    if isinstance(v, complex):
+        return f"complex({_const(v.real)}, {_const(v.imag)})"
     if isinstance(v, (bool, int, str, type(None))):
         return repr(v)
     if isinstance(v, (list, tuple)):
