@@ -357,8 +357,10 @@ def direct_aot(fn: Callable[..., Any], backend: str) -> Callable[..., Any]:
                 out, spec = pytree.tree_flatten(fn(*ts))
                 state["spec"] = spec
                 return tuple(out)
-            with torch.no_grad(), torch.random.fork_rng(devices=[]):  # tracing runs the ops
-                gm = make_fx(flat)(*[x.detach() for x in xs])
+            # tracing runs the ops (keep the RNG stream); inputs keep requires_grad, since
+            # Python-level code may decide what to compute from it
+            with torch.random.fork_rng(devices=[]):
+                gm = make_fx(flat)(*xs)
             state["compiled"] = aot_compile(gm, list(xs), backend=ember.get_backend(backend))
         return pytree.tree_unflatten(list(state["compiled"](*xs)), state["spec"])
 
