@@ -13,7 +13,6 @@ import ember
 from ember.aot.partition import is_random
 
 from aot_util import assert_close, compile_fn
-from conftest import run_python
 
 
 def _dropout_fn(x, w):
@@ -143,14 +142,14 @@ def test_aot_logging_with_caplog(caplog):
     assert "torch.ops.aten.sin.default" in text and "torch.ops.aten.cos.default" in text
 
 
-def test_ember_logs_env_prints_aot_graphs():
+def test_ember_logs_env_prints_aot_graphs(py):
     code = """
 import torch, ember
 m = torch.nn.Linear(4, 2)
 f = ember.compile(m, backend="aot_eager")
 f(torch.randn(3, 4)).sum().backward()
 """
-    r = run_python(code, env={"EMBER_LOGS": "aot"})
+    r = py(code, env={"EMBER_LOGS": "aot"})
     assert r.returncode == 0, r.stderr
     assert "AOT forward graph" in r.stderr and "AOT backward graph" in r.stderr
     assert "aten.addmm" in r.stderr or "aten.mm" in r.stderr
