@@ -140,17 +140,6 @@ def _run_text(cmd: Sequence[str]) -> str:
     return r.stdout + r.stderr if r.returncode == 0 else ""
 
 
-def _cpuinfo_flags() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(("flags", "Features")):
-                    return " ".join(sorted(line.split(":", 1)[1].split()))
-    except OSError:
-        pass
-    return ""
-
-
 @functools.lru_cache(maxsize=None)
 def _toolchain(compiler: str) -> str:
     """Everything about compiler, target CPU and torch that decides what a build produces."""
@@ -161,7 +150,9 @@ def _toolchain(compiler: str) -> str:
     # enables. Hashing it means a different CPU (or a different gcc's idea of it) is a miss.
     target = _run_text([compiler, "-march=native", "-Q", "--help=target"])
     if not target.strip():
-        target = "cpuinfo:" + _cpuinfo_flags()
+        from ember.precompile.runtime import cpu_flags  # one reader of /proc/cpuinfo
+
+        target = "cpuinfo:" + cpu_flags()
     return "\n".join([f"format={FORMAT_VERSION}", f"compiler={compiler}", version,
                       hashlib.sha256(target.encode()).hexdigest(), f"torch={torch.__version__}"])
 
