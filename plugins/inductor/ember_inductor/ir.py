@@ -121,11 +121,10 @@ class Reduction(IRNode):
         return self.ranges
 
 
-class Buffer(IRNode):
-    """Realized storage with a name in the generated code."""
+class _LaidOut(IRNode):
+    """A node read straight from a named storage through ``layout`` (size/stride/offset)."""
 
-    def __init__(self, name: str, layout: Layout):
-        self.name = name
+    def __init__(self, layout: Layout):
         self.layout = layout
         self.dtype = layout.dtype
         self.device = layout.device
@@ -133,9 +132,20 @@ class Buffer(IRNode):
     def get_size(self) -> list[Any]:
         return list(self.layout.size)
 
+    def storage(self) -> "Buffer":
+        raise NotImplementedError
+
     def make_loader(self) -> Callable[[Sequence[Any]], Any]:
-        name, layout = self.name, self.layout
+        name, layout = self.storage().name, self.layout
         return lambda idx: ops.load(name, layout.index(idx))
+
+
+class Buffer(_LaidOut):
+    """Realized storage with a name in the generated code."""
+
+    def __init__(self, name: str, layout: Layout):
+        self.name = name
+        super().__init__(layout)
 
     def storage(self) -> "Buffer":
         return self
@@ -197,21 +207,12 @@ class MultiOutput(Buffer):
         self.path = path
 
 
-class ReinterpretView(IRNode):
+class ReinterpretView(_LaidOut):
     """``buffer``'s storage read through another size/stride/offset; moves no data."""
 
     def __init__(self, buffer: Buffer, layout: Layout):
         self.buffer = buffer
-        self.layout = layout
-        self.dtype = layout.dtype
-        self.device = layout.device
-
-    def get_size(self) -> list[Any]:
-        return list(self.layout.size)
-
-    def make_loader(self) -> Callable[[Sequence[Any]], Any]:
-        name, layout = self.buffer.name, self.layout
-        return lambda idx: ops.load(name, layout.index(idx))
+        super().__init__(layout)
 
     def storage(self) -> Buffer:
         return self.buffer
