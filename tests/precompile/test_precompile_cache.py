@@ -174,3 +174,27 @@ def test_hookspec_ember_precompile_graph():
         torch.testing.assert_close(art.load()(x), x.cos() * 2)
     finally:
         plugin_manager().unregister(plugin)
+
+
+def test_inductor_implements_the_hook_itself():
+    """ember-inductor answers ember_precompile_graph from its own plugin module; Ember's core
+    holds no inductor-specific precompile code."""
+    pytest.importorskip("ember_inductor")
+    import pathlib
+
+    from ember.plugins import ensure_loaded, plugin_manager
+
+    ensure_loaded()
+    impls = plugin_manager().hook.ember_precompile_graph.get_hookimpls()
+    assert any(getattr(i.function, "__module__", "") == "ember_inductor.precompile"
+               for i in impls), [i.function for i in impls]
+    core = pathlib.Path(ember.__file__).parent / "precompile"
+    for p in core.glob("*.py"):
+        code = [ln for ln in p.read_text().splitlines() if not ln.lstrip().startswith(("#", '"'))]
+        assert not any("import ember_inductor" in ln or "from ember_inductor" in ln
+                       for ln in code), p
+    # the hook answers only for inductor's compiled graphs
+    from ember_inductor.precompile import ember_precompile_graph
+
+    gm = torch.fx.symbolic_trace(lambda x: x + 1)
+    assert ember_precompile_graph("inductor", "forward", gm, gm.forward, {}) is None

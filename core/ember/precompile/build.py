@@ -13,8 +13,9 @@ The steps, each a plain call into the stage before it:
    AOT autograd (forward-only, or forward + backward partitioned), recording each ATen graph and
    what the backend returned for it;
 5. write the source: per compiled graph either its fx code (the backend runs it as is: eager,
-   aot_eager) or the backend's own fragment (``compiled.ember_precompile(name)``, see
-   :mod:`ember.precompile.hooks`), then the checks, the autograd glue and the calling convention.
+   aot_eager) or the backend's own fragment (``compiled.ember_precompile(name)``, or the
+   plugin hook ``ember_precompile_graph`` of :mod:`ember.hookspecs`), then the checks, the
+   autograd glue and the calling convention.
 """
 
 from __future__ import annotations
@@ -430,22 +431,20 @@ def _compile(cap: _Captured, be: Backend, options: dict[str, Any], exprs: list[s
     return _Compiled("training", [("forward", fg, ffn), ("backward", bg, bfn)], runtime)
 
 
-def _graph_code(name: str, gm: torch.fx.GraphModule, fn: Any, backend: str
-                ) -> tuple[str, dict[str, bytes], str]:
-    """(source defining ``make_{name}(cache)``, cache entries, how it runs)."""
+def _graph_code(name: str, gm: torch.fx.GraphModule, fn: Any, backend: str,
+                options: dict[str, Any]) -> tuple[str, dict[str, bytes], str]:
+    """(source defining ``make_{name}(cache)``, cache entries, how it runs): the compiled
+    callable's own ``ember_precompile(name)``, else the first plugin answering the
+    ``ember_precompile_graph`` hook, else the graph itself when the backend runs it as is."""
     hook = getattr(fn, "ember_precompile", None)
     if hook is None:
         from ..plugins import ensure_loaded, plugin_manager
 
         ensure_loaded()
         res = plugin_manager().hook.ember_precompile_graph(backend=backend, name=name, gm=gm,
-                                                           compiled=fn, options={})
+                                                           compiled=fn, options=dict(options))
         if res is not None:
             hook = lambda _name: res  # noqa: E731
-    if hook is None:
-        from .adapters import adapter_for
-
-        hook = adapter_for(gm, fn, backend, {})
     if hook is not None:
         fragment, entries = hook(name)
         entries = {f"{name}/{k}": bytes(v) for k, v in dict(entries).items()}
@@ -637,7 +636,7 @@ def precompile(fn: Any, *example_inputs: Any, backend: str | Backend = "aot_eage
     comp = _compile(cap, be, options, input_exprs)
     parts, entries, how = [], {}, []
     for name, g, cfn in comp.graphs:
-        code, ents, desc = _graph_code(name, g, cfn, be.name)
+        code, ents, desc = _graph_code(name, g, cfn, be.name, options)
         n_ops = sum(1 for n in g.graph.nodes if n.op == "call_function")
         parts.append(f"# {'=' * 90}\n# graph {name!r}: {n_ops} ops; runs {desc}\n"
                      f"# {'=' * 90}\n{code}")

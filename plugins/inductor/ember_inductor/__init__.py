@@ -10,6 +10,8 @@ from typing import Any
 
 import ember
 
+from .precompile import ember_precompile_graph  # noqa: F401  (hookimpl for ember.precompile)
+
 __all__ = ["compile_inductor"]
 
 
