@@ -28,3 +28,16 @@ def test_docs_example_runs(tmp_path):
         assert p.returncode == 0, (name, p.stderr[-2000:])
     assert (tmp_path / "artifacts" / "mlp" / "artifact.py").exists()
     assert "(32, 10)" in p.stdout
+
+
+def test_docs_training_step_example_runs(tmp_path):
+    """The training-step example (backward() inside the precompiled step) runs as written."""
+    text = (ROOT / "docs" / "precompile.md").read_text()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EMBER_")}
+    code = _block_after(text, "### Training") + (
+        "\nassert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())"
+        "\nprint('loss', float(loss))\n")
+    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                       text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "loss" in p.stdout and (tmp_path / "artifacts" / "mlp_step" / "artifact.py").exists()

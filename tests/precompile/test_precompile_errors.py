@@ -97,16 +97,40 @@ def test_value_argument_is_checked():
 def test_graph_break_lists_breaks_with_location():
     model, x = Net(), torch.randn(3, 8)
 
-    def train_step(model, x):
-        loss = model(x).sum()
-        loss.backward()
-        return loss
+    def f(model, x):
+        y = model(x)
+        if y.sum().item() > 0:  # a value read in Python: a graph break
+            return y
+        return -y
 
     with pytest.raises(PrecompileGraphBreak) as e:
-        ember.precompile(train_step, model, x)
+        ember.precompile(f, model, x)
     msg = str(e.value)
-    assert "backward" in msg and f"{__file__}:" in msg and "return the loss" in msg
-    assert len(e.value.breaks) == 1
+    assert "item" in msg and f"{__file__}:" in msg and "one graph" in msg
+    assert len(e.value.breaks) >= 1
+
+
+def test_training_step_limits_are_clear_errors():
+    """backward() inside is supported; computing after it, or create_graph, is refused with
+    what to do."""
+    model, x = Net(), torch.randn(3, 8)
+
+    def after(model, x):
+        loss = model(x).sum()
+        loss.backward()
+        return loss.detach() * 2  # tensor work after backward: a second graph
+
+    with pytest.raises(PrecompileError, match=r"after calling backward\(\).*may only return"):
+        ember.precompile(after, model, x)
+
+    def double(model, x):
+        loss = model(x).sum()
+        loss.backward(create_graph=True)
+        return loss
+
+    with pytest.raises(PrecompileError, match=r"create_graph=True"):
+        ember.precompile(double, model, x)
+    assert all(p.grad is None for p in model.parameters())  # precompile ran no backward
 
 
 _GLOBAL_W = torch.randn(8, 8)

@@ -18,7 +18,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def _precompile_zoo(tmp_path, model: str, mode: str, backend: str = "aot_eager") -> str:
     m, inputs = pc_cases.build(model)
-    with torch.set_grad_enabled(mode == "train"):
+    with torch.set_grad_enabled(mode in pc_cases.GRAD_MODES):
         art = ember.precompile(pc_cases.FUNCS[mode], m, *inputs, backend=backend)
     d = str(tmp_path / f"{model}_{mode}_{backend}")
     art.save(d)
@@ -45,7 +45,7 @@ TOL = 1e-5 if os.environ.get("PC_DEVICE", "cpu") == "cpu" else 1e-3
 
 def _assert_close(res: dict, case: dict) -> None:
     assert res["max_diff"] <= TOL, (case, res)
-    if case["mode"] == "train":
+    if case["mode"] in pc_cases.GRAD_MODES:
         assert res["grad_missing"] == [], (case, res)
         assert res["grad_max_abs"] > 0, (case, res)  # gradients were produced at all
         assert res["grad_max_diff"] <= TOL * max(1.0, res["grad_max_abs"]), (case, res)
@@ -60,10 +60,13 @@ def test_zoo_models_fresh_process(tmp_path):
                                  ("tiny_mlp", "train", "aot_eager"),
                                  ("tiny_mlp", "train", "eager"),
                                  ("convnet", "train", "aot_eager"),  # BatchNorm: buffer updates
+                                 ("tiny_mlp", "step", "aot_eager"),  # backward() inside
+                                 ("transformer_block", "step", "aot_eager"),
                                  ("transformer_block", "infer", "aot_eager")]:
         d = _precompile_zoo(tmp_path, model, mode, backend)
         cases.append({"dir": d, "model": model, "mode": mode, "seed": 7})
     cases.append(dict(cases[1], no_cache=True))
+    assert [c["mode"] for c in cases].count("step") == 2
     results = _run_child(tmp_path, cases)
     for case, res in zip(cases, results):
         _assert_close(res, case)
@@ -171,3 +174,28 @@ def test_argument_names_never_clash_with_generated_code():
     fn = ember.precompile(f, a, b, 3).load()
     out, same = fn(a, b, 3)
     assert same is a and torch.equal(out, torch.full((2,), 7.0))
+
+
+def test_training_step_with_backward_inside(tmp_path):
+    """precompile(lambda m, x, y: step(m, x, y)) where step calls loss.backward(): precompiling
+    runs no backward; the loaded artifact accumulates .grad like eager (twice: accumulation),
+    and the source replays the call on the graph's loss output."""
+    import copy
+
+    def step(m, x, y):
+        loss = torch.nn.functional.mse_loss(m(x), y)
+        loss.backward()
+        return loss
+
+    m = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    x, y = torch.randn(5, 6), torch.randn(5, 3)
+    art = ember.precompile(lambda m, x, y: step(m, x, y), m, x, y)
+    assert all(p.grad is None for p in m.parameters())
+    assert art.meta["kind"] == "training" and art.meta["backward_in_function"] == 1
+    assert ".backward()" in art.source[art.source.index("def call("):]
+    fn = art.load()
+    a, b = copy.deepcopy(m), copy.deepcopy(m)
+    for _ in range(2):
+        torch.testing.assert_close(fn(a, x, y), step(b, x, y))
+        for (n, p), q in zip(a.named_parameters(), b.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, msg=n)

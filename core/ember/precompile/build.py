@@ -84,12 +84,23 @@ class Artifact:
 # ---------------------------------------------------------------------------------------------
 
 @dataclasses.dataclass
+class _Backward:
+    """A ``tensor.backward(...)`` call the function made after its graph (a training step)."""
+    tensor: Any
+    gradient: Any
+    retain_graph: Any
+    where: str  # file:line of the call
+
+
+@dataclasses.dataclass
 class _Captured:
     gm: torch.fx.GraphModule
     example_inputs: list[torch.Tensor]
     fake_outputs: tuple
     result: Any
     entry: Any
+    backward: list[_Backward] = dataclasses.field(default_factory=list)
+    entries: list[Any] = dataclasses.field(default_factory=list)  # every entry capture made
 
 
 def _fake_run(gm: torch.fx.GraphModule, inputs: Sequence[torch.Tensor]) -> tuple:
@@ -108,10 +119,43 @@ def _fake_run(gm: torch.fx.GraphModule, inputs: Sequence[torch.Tensor]) -> tuple
             return tuple(gm(*[t.detach().clone() for t in inputs]))
 
 
+_BACKWARD_BREAK = "Tensor.backward()"
+
+
+def _is_backward_break(b: Any) -> bool:
+    return str(b).lstrip().startswith(_BACKWARD_BREAK)
+
+
+def _break_location(b: Any) -> str:
+    """``file:line in func`` of a graph break, from capture's message (its ``at ...`` line)."""
+    for ln in str(b).splitlines():
+        ln = ln.strip()
+        if ln.startswith("at "):
+            return ln[3:].split(" <- ")[0]
+    return "?"
+
+
 def _capture(call: Callable[..., Any], bound_self: Any, args: tuple) -> _Captured:
+    """Capture ``call(*args)`` as one graph. A function whose only graph breaks are
+    ``tensor.backward()`` calls (a training step) is captured again with breaks allowed: the
+    graph is what comes before them, and each backward call is recorded (not run) so the
+    artifact can replay it on the graph's outputs."""
+    try:
+        return _capture_once(call, bound_self, args, step=False)
+    except PrecompileGraphBreak as e:
+        breaks = getattr(e, "breaks", [])
+        if not breaks or not all(_is_backward_break(b) for b in breaks):
+            raise
+    return _capture_once(call, bound_self, args, step=True,
+                         where=[_break_location(b) for b in breaks])
+
+
+def _capture_once(call: Callable[..., Any], bound_self: Any, args: tuple, step: bool,
+                  where: Sequence[str] = ()) -> _Captured:
     from ..capture import frame as frame_mod
 
     records: list[Any] = []
+    backward: list[_Backward] = []
 
     def record(gm: torch.fx.GraphModule, example_inputs: list[Any], **_: Any) -> Any:
         def run(*inputs: Any) -> Any:
@@ -120,35 +164,59 @@ def _capture(call: Callable[..., Any], bound_self: Any, args: tuple) -> _Capture
             return outs
         return run
 
+    def record_backward(self: torch.Tensor, gradient: Any = None, retain_graph: Any = None,
+                        create_graph: bool = False, inputs: Any = None) -> None:
+        loc = where[len(backward)] if len(backward) < len(where) else "?"
+        if create_graph or inputs is not None:
+            raise PrecompileError(
+                f"ember.precompile: {loc}: backward(create_graph=True) or backward(inputs=...) "
+                "is not supported in a precompiled step; call backward() without them")
+        backward.append(_Backward(self, gradient, retain_graph, loc))
+
     backend = Backend(name="precompile-capture", compile=record, level="torch")
-    cf = frame_mod.CompiledFunction(call, backend, {}, fullgraph=True, bound_self=bound_self)
+    cf = frame_mod.CompiledFunction(call, backend, {}, fullgraph=not step, bound_self=bound_self)
+    before = set(frame_mod._code_caches)
+    saved_backward = torch.Tensor.backward
     try:
         with config.patch(suppress_errors=False):
+            if step:  # the call runs for real: backward() is recorded, never run
+                torch.Tensor.backward = record_backward  # type: ignore[method-assign]
             result = cf(*args)
     except GraphBreakError as e:
         breaks = getattr(e, "breaks", [])
         text = str(e).replace("ember.compile(fullgraph=True)", "ember.precompile")
-        err = PrecompileGraphBreak(
-            text + "\nember.precompile needs the whole computation as one graph. A step that "
-            "calls loss.backward() breaks the graph: return the loss instead and call "
-            "backward() on the loaded artifact's result (docs/precompile.md).")
+        hint = ("\nember.precompile needs the whole computation as one graph; a training step "
+                "may call loss.backward() (see docs/precompile.md, 'Training').")
+        err = PrecompileGraphBreak(text + hint)
         err.breaks = breaks  # type: ignore[attr-defined]
         raise err from None
     except Unsupported as e:
         raise PrecompileError(f"ember.precompile: capture failed: {e}") from None
     finally:
+        torch.Tensor.backward = saved_backward  # type: ignore[method-assign]
+        made = [c for k, c in list(frame_mod._code_caches.items()) if k not in before]
+        entries = [e for c in made for e in c.entries]
         for k, c in list(frame_mod._code_caches.items()):
-            if c is cf.cache:
+            if k not in before or c is cf.cache:
                 del frame_mod._code_caches[k]
     if not records:
         raise PrecompileError("ember.precompile: the function performs no tensor operation; "
                               "there is nothing to precompile")
     if len(records) > 1:
+        if step:
+            raise PrecompileError(
+                f"ember.precompile: the training step computes with tensors after calling "
+                f"backward() ({backward[0].where if backward else '?'}); capture made "
+                f"{len(records)} graphs. Compute everything before backward() and return it "
+                "(e.g. the loss); after backward() the step may only return.")
         raise PrecompileError(f"ember.precompile: capture produced {len(records)} graphs; "
                               "expected one")
     gm, example_inputs, outs = records[0]
+    if step and not backward:
+        raise PrecompileError("ember.precompile: the function breaks the graph at a "
+                              "backward() call that was never made")
     entry = cf.cache.entries[0] if cf.cache.entries else None
-    return _Captured(gm, example_inputs, outs, result, entry)
+    return _Captured(gm, example_inputs, outs, result, entry, backward, entries)
 
 
 _ENTRY_OK = ("___p", "___v", "return ", "___torch._C._set_grad_enabled(")
@@ -188,6 +256,58 @@ def _check_no_side_effects(entry: Any) -> None:
                 "ember.precompile: the function has a Python side effect that a precompiled "
                 f"artifact cannot replay (generated step: {s!r}). Precompile a function that "
                 "only computes and returns tensors.")
+
+
+#: Lines of a training step's entry (capture's generated code around the graph break at
+#: backward()) that only pass values along: anything else is a Python side effect.
+_STEP_ENTRY_OK = ("___p", "___o = ", "___res = ", "return ",
+                  "___torch._C._set_grad_enabled(")
+
+
+def _check_step_entry(entry: Any) -> None:
+    """A training step captured with its backward() break: the generated code around the graph
+    may only pass values to the graph, the backward call and the rest of the function."""
+    lines = getattr(entry, "source", "").splitlines()
+    misses = [i for i, ln in enumerate(lines) if ln.strip() == "return ___MISS"]
+    if not misses:
+        return
+    start = misses[-1] + 1  # after the guards
+    for ln in lines[start:]:
+        s = ln.strip()
+        if s and not s.startswith(_STEP_ENTRY_OK):
+            raise PrecompileError(
+                "ember.precompile: the training step has a Python side effect that a "
+                f"precompiled artifact cannot replay (generated step: {s!r}). Precompile a step "
+                "that computes tensors, calls backward() and returns.")
+
+
+def _backward_lines(calls: list[_Backward], out_index: dict[int, int],
+                    arg_expr: dict[int, str]) -> list[str]:
+    """The ``call`` lines replaying the step's backward() calls on the graph's outputs: autograd
+    runs the compiled backward and accumulates into ``.grad`` as in eager."""
+    lines = []
+    for c in calls:
+        if id(c.tensor) not in out_index:
+            raise PrecompileError(f"ember.precompile: {c.where}: backward() is called on a "
+                                  "tensor that is not computed by the precompiled graph")
+        args = []
+        if c.gradient is not None:
+            if not isinstance(c.gradient, torch.Tensor):
+                raise PrecompileError(f"ember.precompile: {c.where}: backward(gradient=...) "
+                                      "must be a tensor")
+            g = id(c.gradient)
+            if g in out_index:
+                args.append(f"r[{out_index[g]}]")
+            elif g in arg_expr:
+                args.append(arg_expr[g])
+            else:
+                raise PrecompileError(f"ember.precompile: {c.where}: backward's gradient is "
+                                      "neither an argument nor computed by the graph")
+        if c.retain_graph is not None:
+            args.append(f"retain_graph={bool(c.retain_graph)!r}")
+        lines.append(f"    r[{out_index[id(c.tensor)]}].backward({', '.join(args)})"
+                     f"  # {c.where}")
+    return lines
 
 
 # ---------------------------------------------------------------------------------------------
@@ -614,7 +734,11 @@ def precompile(fn: Any, *example_inputs: Any, backend: str | Backend = "aot_eage
         names = [f"arg{i}" for i in range(len(args))]
     walked = _walk_args(names, args)
     cap = _capture(call, bound_self, example_inputs)
-    _check_no_side_effects(cap.entry)
+    if cap.backward:
+        for e in cap.entries:
+            _check_step_entry(e)
+    else:
+        _check_no_side_effects(cap.entry)
     orig = list(call.__code__.co_varnames[:call.__code__.co_argcount])[:len(args)]
     walked.checks += _value_guards(list(getattr(cap.entry, "guards", [])), orig, names, args)
     if not all(isinstance(t, torch.Tensor) for t in cap.example_inputs):
@@ -632,6 +756,7 @@ def precompile(fn: Any, *example_inputs: Any, backend: str | Backend = "aot_eage
         input_exprs.append(e)
     out_index = {id(o): i for i, o in enumerate(cap.fake_outputs)}
     result = _result_expr(cap.result, out_index, walked.tensor_expr)
+    backward_lines = _backward_lines(cap.backward, out_index, walked.tensor_expr)
 
     comp = _compile(cap, be, options, input_exprs)
     parts, entries, how = [], {}, []
@@ -648,6 +773,7 @@ def precompile(fn: Any, *example_inputs: Any, backend: str | Backend = "aot_eage
         "function": what,
         "backend": be.name,
         "kind": comp.kind,
+        "backward_in_function": len(cap.backward),
         "arguments": names,
         "modules": walked.meta,
         "graphs": how,
@@ -670,6 +796,7 @@ def precompile(fn: Any, *example_inputs: Any, backend: str | Backend = "aot_eage
         f"    {', '.join(module_vars) + ',' if module_vars else '_'} = check({sig})",
         f"    inputs = [{', '.join(input_exprs)}]",
         "    r = run(inputs)",
+        *backward_lines,
         f"    return {result}",
         "",
         "call.check = check",
