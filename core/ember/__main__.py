@@ -1,5 +1,5 @@
 """Ember's command line: ``python -m ember backends`` / ``ember backends``, ``ember demo``,
-``ember cache info|clear``."""
+``ember cache info|clear``, ``ember precompile MODULE:FUNC -o DIR``."""
 
 from __future__ import annotations
 
@@ -86,7 +86,16 @@ def _human(n: int) -> str:
     return str(n)
 
 
+def _cmd_precompile(args: argparse.Namespace) -> int:
+    from .precompile.__main__ import main as precompile_main
+
+    return precompile_main(args.args, prog="python -m ember precompile")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["precompile"]:  # its own parser (options such as -h belong to it)
+        return _cmd_precompile(argparse.Namespace(args=argv[1:]))
     parser = argparse.ArgumentParser(prog="ember", description="Ember, a compiler for PyTorch "
                                      "programs.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -102,6 +111,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("action", choices=("info", "clear"), help="info: where it is and how big; "
                    "clear: remove every entry")
     p.set_defaults(func=_cmd_cache)
+    p = sub.add_parser("precompile", add_help=False, help="precompile a function ahead of time "
+                       "into an artifact (source + cache); 'ember precompile -h' for more")
+    p.set_defaults(func=_cmd_precompile, args=[])
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)
 

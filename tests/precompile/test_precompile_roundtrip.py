@@ -133,13 +133,22 @@ def test_source_imports_only_torch_and_runtime():
 
 
 def test_cli_recipe(tmp_path):
-    out = tmp_path / "demo"
-    p = subprocess.run([sys.executable, "-m", "ember.precompile",
-                        "ember.precompile.recipes:demo_training", "-o", str(out), "--check"],
-                       capture_output=True, text=True, cwd=pc_cases.ROOT, timeout=300)
-    assert p.returncode == 0, p.stderr[-2000:]
-    assert "matches eager" in p.stdout
-    assert (out / "artifact.py").exists() and (out / "artifact.cache").exists()
+    """``python -m ember precompile`` (and ``python -m ember.precompile``) on recipes: the
+    bundled demo model (training: loss) and a zoo training step with backward() inside."""
+    runs = [(["-m", "ember", "precompile", "ember.precompile.recipes:demo_training"], "demo"),
+            (["-m", "ember.precompile", "ember.precompile.recipes:zoo", "tiny_mlp", "step"],
+             "zoo_step")]
+    for cmd, name in runs:
+        out = tmp_path / name
+        p = subprocess.run([sys.executable, *cmd, "-o", str(out), "--check"],
+                           capture_output=True, text=True, cwd=pc_cases.ROOT, timeout=300)
+        assert p.returncode == 0, p.stderr[-2000:]
+        assert "matches eager" in p.stdout, p.stdout
+        assert (out / "artifact.py").exists() and (out / "artifact.cache").exists()
+    assert "backward()" in (tmp_path / "zoo_step" / "artifact.py").read_text()
+    p = subprocess.run([sys.executable, "-m", "ember", "precompile", "-h"], capture_output=True,
+                       text=True, cwd=pc_cases.ROOT, timeout=120)
+    assert p.returncode == 0 and "MODULE:FUNC" in p.stdout, p.stderr
 
 
 def test_inductor_fresh_process(tmp_path):
