@@ -11,6 +11,8 @@ from . import config
 from ._logging import set_logs
 from .api import OptimizedModule, compile, disable, is_compiling, reset
 from .api import captures, last_capture
+from .api import mark_dynamic, mark_static
+from .capture.symbolic import DynamicShapeError
 from .context import CompileContext
 from .exc import (BackendCompilerFailed, BackendConflict, BackendLoadError, BackendNotFound,
                   EmberError, GraphBreakError, InferenceOnlyBackend, NotImplementedYet,
@@ -28,6 +30,7 @@ __all__ = [
     "Unsupported", "GraphBreakError", "NotImplementedYet", "InferenceOnlyBackend", "allow_in_graph", "explain",
     "CompileContext", "precompile",
 ]
+__all__ += ["mark_dynamic", "mark_static", "DynamicShapeError"]
 
 
 def allow_in_graph(fn):  # noqa: ANN001, ANN201 - documented in the user guide

@@ -12,7 +12,7 @@ import torch
 from .plugins import Backend, get_backend
 
 __all__ = ["compile", "disable", "reset", "is_compiling", "OptimizedModule", "SUPPORTED_PYTHONS",
-           "last_capture", "captures"]
+           "last_capture", "captures", "mark_dynamic", "mark_static"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -80,6 +80,12 @@ def compile(model: Any = None, *, backend: str | Callable[..., Any] | Backend = 
     (``EMBER_LOGS=graph_breaks,fallback``). ``fullgraph=True`` makes any break an error.
     ``backend`` is a name from :func:`ember.list_backends`, an :class:`ember.Backend`, or a
     callable ``(gm, example_inputs) -> callable``.
+
+    ``dynamic``: ``None`` (default) compiles static shapes first and, when a call recompiles
+    because a tensor size (or an int argument) changed, compiles again with that size symbolic;
+    ``True`` makes every size of the arguments (and every int argument) symbolic from the first
+    compile; ``False`` always compiles static shapes. :func:`mark_dynamic` / :func:`mark_static`
+    decide per dimension. Sizes 0 and 1 are always specialized (docs/dynamic_shapes.md).
     """
     if model is None:
         return functools.partial(compile, backend=backend, mode=mode, options=options,
@@ -91,11 +97,6 @@ def compile(model: Any = None, *, backend: str | Callable[..., Any] | Backend = 
     if disable:
         return model
     _check_python()
-    if dynamic:
-        import logging
-        logging.getLogger("ember").warning(
-            "ember.compile(dynamic=True): Ember compiles static shapes only for now; a new input "
-            "shape recompiles (up to ember.config.recompile_limit). Pass dynamic=None to silence.")
     be = get_backend(backend)  # unknown names fail here, at compile(), with the list of backends
     opts = dict(options or {})
     if mode is not None:
@@ -241,3 +242,22 @@ def captures(fn: Any) -> list[Any]:
 
     visit(cf)
     return out
+
+
+def mark_dynamic(t: torch.Tensor, dim: int | list[int] | tuple[int, ...], min: int | None = None,
+                 max: int | None = None) -> None:
+    """Compile ``t``'s dimension(s) ``dim`` with a symbolic size from the first compile (in
+    every ``dynamic`` mode). ``min``/``max`` bound the sizes the graph serves; a size outside
+    them recompiles. Sizes 0 and 1 are still specialized. If the compiled code forces the size
+    to a constant, compiling raises :class:`ember.DynamicShapeError` naming the line."""
+    from .capture.symbolic import mark_dynamic as _mark
+
+    _mark(t, dim, min=min, max=max)
+
+
+def mark_static(t: torch.Tensor, dim: int | list[int] | tuple[int, ...]) -> None:
+    """Always compile ``t``'s dimension(s) ``dim`` with their concrete size (a new size
+    recompiles), even with ``dynamic=True`` or after automatic dynamic."""
+    from .capture.symbolic import mark_static as _mark
+
+    _mark(t, dim)

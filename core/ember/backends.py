@@ -48,7 +48,7 @@ def call_backend(backend: Backend, gm: torch.fx.GraphModule, example_inputs: lis
 
 def make_context(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], backend: Backend,
                  options: dict[str, Any], inputs: Sequence[InputInfo] | None,
-                 graph_id: str | None) -> CompileContext:
+                 graph_id: str | None, fake_mode: Any = None) -> CompileContext:
     n = sum(1 for node in gm.graph.nodes if node.op == "placeholder")
     if inputs is None or len(inputs) != n:
         inputs = [InputInfo("user", node.target if isinstance(node.target, str) else "", False)
@@ -56,7 +56,7 @@ def make_context(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], backen
     kind = "training" if _needs_grad(example_inputs) else "inference"
     return CompileContext(graph_id=graph_id or "graph", kind=kind, inputs=tuple(inputs),
                           device=device_of(example_inputs), mode=options.get("mode"),
-                          options=options, backend=backend.name)
+                          options=options, backend=backend.name, fake_mode=fake_mode)
 
 
 def _output_spec(gm: torch.fx.GraphModule) -> tuple[int | None, tuple[bool, ...]]:
@@ -136,14 +136,16 @@ class _CheckFirstCall:
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], backend: Backend,
                   options: dict[str, Any] | None = None, *,
                   inputs: Sequence[InputInfo] | None = None,
-                  graph_id: str | None = None) -> Callable[..., Any]:
+                  graph_id: str | None = None, fake_mode: Any = None) -> Callable[..., Any]:
     """Compile one captured torch-level graph with ``backend``; returns a callable taking the
     graph's inputs as positional arguments and returning its outputs.
 
     ``inputs`` (one :class:`InputInfo` per placeholder) and ``graph_id`` feed the
     :class:`CompileContext` given to backends that accept ``context=``; without them every input
     is a ``"user"`` input. The result's first call checks the output structure (an error naming
-    the backend otherwise); set its ``swap`` attribute to drop the check after that call."""
+    the backend otherwise); set its ``swap`` attribute to drop the check after that call.
+    ``fake_mode``:
+    the FakeTensorMode (with its ShapeEnv) of a dynamic capture, for ``CompileContext``."""
     options = dict(options or {})
     options.pop("context", None)
     if not backend.training and _needs_grad(example_inputs):
@@ -153,7 +155,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], backe
             "use a backend that supports training (e.g. 'aot_eager' or 'inductor')."
         )
     gm = _run_passes(gm, "torch")
-    context = make_context(gm, example_inputs, backend, options, inputs, graph_id)
+    context = make_context(gm, example_inputs, backend, options, inputs, graph_id, fake_mode)
     spec = _output_spec(gm)
     t0 = time.perf_counter()
     state = _global_state()

@@ -26,7 +26,8 @@ __all__ = ["CompileContext", "InputInfo", "INPUT_KINDS", "GRAPH_KINDS", "accepts
 #: graph reads (guarded by identity, so the same tensor object on every call); ``user``: an
 #: argument or any other tensor read per call; ``activation``: (backward graphs) a value the
 #: forward graph saved; ``tangent``: (backward graphs) the gradient of a forward output;
-#: ``symint``: a symbolic size (reserved for dynamic shapes).
+#: ``symint``: a symbolic int (a dynamic Python int argument, or a size a forward graph saved
+#: for its backward); its ``meta["val"]`` is a ``torch.SymInt``.
 INPUT_KINDS = ("parameter", "buffer", "user", "activation", "tangent", "symint")
 
 #: ``CompileContext.kind`` values. ``level="aten"`` backends see ``"inference"`` (forward-only
@@ -77,6 +78,9 @@ class CompileContext:
     options: Mapping[str, Any]
     #: the backend's name
     backend: str = ""
+    #: dynamic shapes: the ``FakeTensorMode`` (with its ``ShapeEnv``) whose symbols the graph's
+    #: placeholders carry in ``meta["val"]``; None when the graph is static
+    fake_mode: Any = None
 
     def __post_init__(self) -> None:
         if self.kind not in GRAPH_KINDS:

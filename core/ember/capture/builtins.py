@@ -153,7 +153,8 @@ def call_builtin(tr: Any, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> V
         c = _consts(args, kwargs)
         if c is not None:
             try:
-                return tr.const_result(fn(*c[0], **c[1]))
+                from .symbolic import call_on_consts  # symbolic ints: specialized if needed
+                return tr.const_result(call_on_consts(fn, c[0], c[1]))
             except Exception as e:
                 raise Unsupported(f"{getattr(fn, '__name__', fn)}() raised {type(e).__name__}: {e}")
         if _has_tensor(args) and getattr(fn, "__module__", None) == "math":
@@ -761,7 +762,7 @@ def _len(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
     if isinstance(v, TensorVar):
         if v.fake.dim() == 0:
             raise Unsupported("len() of a 0-d tensor")
-        return ConstVar(int(v.fake.shape[0]))
+        return tr.const_result(v.fake.shape[0])
     if isinstance(v, (TupleVar, ListVar, SetVar, DictVar)):
         return ConstVar(len(v.items))
     if isinstance(v, NNModuleVar):
@@ -789,7 +790,8 @@ def _isinstance(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
             t = obj.cls
         return ConstVar(issubclass(t, c))
     if isinstance(obj, ConstVar):
-        return ConstVar(isinstance(obj.value, c))
+        from .symbolic import python_type  # a symbolic int is an int
+        return ConstVar(issubclass(python_type(obj.value), c))
     if isinstance(obj, (GradModeVar, AutocastVar)):
         return ConstVar(False)
     t = obj.python_type()
@@ -1023,7 +1025,7 @@ def _type(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
         raise Unsupported("type() with 3 arguments")
     v = args[0]
     if isinstance(v, ConstVar):
-        return ClassVar(type(v.value), None)
+        return ClassVar(v.python_type(), None)  # a symbolic int is an int
     return ClassVar(v.python_type(), None)
 
 
@@ -1080,7 +1082,8 @@ def _divmod_round(fn: Any) -> Any:
         c = _consts(args, kwargs)
         if c is None:
             raise Unsupported(f"{fn.__name__} of non-constants")
-        return tr.const_result(fn(*c[0], **c[1]))
+        from .symbolic import call_on_consts  # symbolic ints: specialized if fn needs values
+        return tr.const_result(call_on_consts(fn, c[0], c[1]))
     return handler
 
 
@@ -1092,7 +1095,8 @@ def _str(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
         if args and isinstance(args[0], (NNModuleVar, ObjectVar, ClassVar)):
             return ConstVar(str(args[0].value))
         raise Unsupported(f"str() of {args[0].describe()}")
-    return ConstVar(str(*c[0], **c[1]))
+    from .symbolic import concrete  # the text of a symbolic int needs its value
+    return ConstVar(str(*[concrete(a) for a in c[0]], **c[1]))
 
 
 

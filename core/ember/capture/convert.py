@@ -107,7 +107,7 @@ def _fold_grad_switches(graph: torch.fx.Graph, initial: bool) -> tuple[bool, boo
 
 def convert_frame(fn: Callable[..., Any], args: tuple, kwargs: dict, *, backend: Any,
                   options: dict[str, Any], fullgraph: bool,
-                  root_module: bool = False) -> Callable[..., Any]:
+                  root_module: bool = False, policy: Any = None) -> Callable[..., Any]:
     """Capture ``fn(*args, **kwargs)``; returns its entry. ``root_module``: ``fn`` is the
     ``forward`` of the module ``args[0]`` that ``ember.compile`` wrapped, called without
     ``Module.__call__``: the entry also checks that the module has no hooks."""
@@ -121,14 +121,14 @@ def convert_frame(fn: Callable[..., Any], args: tuple, kwargs: dict, *, backend:
         extra = (f"not ({me})._forward_pre_hooks and not ({me})._forward_hooks and "
                  f"'forward' not in ({me}).__dict__ and type({me}).forward is ___fn",)
     return _convert_frame(fn, args, kwargs, backend=backend, options=options,
-                          fullgraph=fullgraph, extra_guards=extra)
+                          fullgraph=fullgraph, extra_guards=extra, policy=policy)
 
 
 def _convert_frame(fn: Callable[..., Any], args: tuple, kwargs: dict, *, backend: Any,
                    options: dict[str, Any], fullgraph: bool,
-                   extra_guards: tuple[str, ...]) -> Callable[..., Any]:
+                   extra_guards: tuple[str, ...], policy: Any = None) -> Callable[..., Any]:
     try:
-        return _convert(fn, args, kwargs, backend, options, None, None, extra_guards)
+        return _convert(fn, args, kwargs, backend, options, None, None, extra_guards, policy)
     except Unsupported as e:
         bp = getattr(e, "break_point", None)
         if fullgraph or bp is None:
@@ -138,7 +138,7 @@ def _convert_frame(fn: Callable[..., Any], args: tuple, kwargs: dict, *, backend
         raise Unsupported(f"graph break inside a loop ({first.reason}); the frame runs "
                           "eagerly, as torch.compile does", where=first.where) from first
     try:
-        return _convert(fn, args, kwargs, backend, options, bp, first, extra_guards)
+        return _convert(fn, args, kwargs, backend, options, bp, first, extra_guards, policy)
     except Unsupported as e2:
         if e2 is first or getattr(e2, "break_point", None) is not None:
             raise first
@@ -219,14 +219,14 @@ def list_breaks(fn: Callable[..., Any], args: tuple, kwargs: dict) -> list[Unsup
 
 def _convert(fn: Callable[..., Any], args: tuple, kwargs: dict, backend: Any,
              options: dict[str, Any], break_at: tuple[int, int] | None,
-             reason: Unsupported | None, extra_guards: tuple[str, ...] = ()
-             ) -> Callable[..., Any]:
+             reason: Unsupported | None, extra_guards: tuple[str, ...] = (),
+             policy: Any = None) -> Callable[..., Any]:
     t0 = time.perf_counter()
     code: types.CodeType = fn.__code__
     if code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR):
         raise Unsupported(f"{code.co_name} is a generator or coroutine; Ember compiles plain "
                           "functions", where=f"{code.co_filename}:{code.co_firstlineno}")
-    out = OutputGraph(fn.__globals__)
+    out = OutputGraph(fn.__globals__, policy)
     tracer = Tracer(out, fn)
     out.tracer = tracer
     tracer.break_at = break_at
@@ -377,11 +377,19 @@ def compile_capture(fn: Callable[..., Any], cap: Capture, out: OutputGraph,
     """The second step: compile the captured graph with ``backend`` and build the entry."""
     code = fn.__code__
     compiled = None
+    fake_mode = out.fake_mode if out.symbolic is not None and out.symbolic.has_symbols else None
     if cap.graph is not None:
         infos = [InputInfo(i.kind, i.source, i.stable_address) for i in cap.inputs]
+        extra = {"fake_mode": fake_mode} if fake_mode is not None else {}
         compiled = compile_graph(cap.graph, cap.example_inputs or [], backend, options,
-                                 inputs=infos, graph_id=cap.graph_id)
+                                 inputs=infos, graph_id=cap.graph_id, **extra)
     cap.example_inputs = None  # a kept Capture must not keep the call's tensors alive
+    if out.symbolic is not None:
+        # After the backend: AOT traces under the same ShapeEnv and may add guards of its own.
+        out.add_symbolic_guards()
+        cap.guards = tuple(out.guards.exprs)
+        cap.entry_source = entry_source(fn, out, cap.graph is not None, input_exprs,
+                                        list(cap.body), prologue)
     entry = build_entry(fn, out, compiled, input_exprs, list(cap.body), prologue)
     entry.graph_module = cap.graph  # type: ignore[attr-defined]
     entry.capture = cap  # type: ignore[attr-defined]

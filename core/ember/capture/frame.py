@@ -115,10 +115,14 @@ def is_allowed_in_graph(fn: Any) -> bool:
 class CodeCache:
     """Entries for one code object (one user function), most recent first."""
 
-    __slots__ = ("code", "entries", "misses", "given_up", "lock", "__weakref__")
+    __slots__ = ("code", "entries", "misses", "given_up", "lock", "frame_state", "__weakref__")
 
     def __init__(self, code: types.CodeType):
+        from .output import FrameState
+
         self.code = code
+        #: automatic dynamic: the sizes and ints earlier compiles saw
+        self.frame_state = FrameState()
         #: replaced, never mutated in place, so a call iterates it without a lock
         self.entries: list[Callable[..., Any]] = []
         self.misses = 0
@@ -139,13 +143,15 @@ def cache_for(code: types.CodeType, key: tuple = ()) -> CodeCache:
     return c
 
 
-def _cache_key(backend: Any, options: dict[str, Any], fullgraph: bool) -> tuple:
+def _cache_key(backend: Any, options: dict[str, Any], fullgraph: bool,
+               dynamic: bool | None = None) -> tuple:
     try:
         opts = tuple(sorted((k, repr(v)) for k, v in options.items()))
     except Exception:
         opts = (repr(options),)
-    return (getattr(backend, "name", None), id(getattr(backend, "compile", backend)), opts,
-            bool(fullgraph))
+    key = (getattr(backend, "name", None), id(getattr(backend, "compile", backend)), opts,
+           bool(fullgraph))
+    return key if dynamic is None else (*key, ("dynamic", dynamic))
 
 
 def reset_caches() -> None:
@@ -188,7 +194,7 @@ class CompiledFunction:
         if code is None:
             raise TypeError(f"ember.compile: cannot compile {fn!r}: it has no Python bytecode "
                             "(builtin or C function). Compile the Python function that calls it.")
-        self.cache = cache_for(code, _cache_key(backend, options, fullgraph))
+        self.cache = cache_for(code, _cache_key(backend, options, fullgraph, dynamic))
         self._code_key = code
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -216,7 +222,8 @@ class CompiledFunction:
 
     def _rebind(self, code: types.CodeType) -> None:
         self._code_key = code
-        self.cache = cache_for(code, _cache_key(self.backend, self.options, self.fullgraph))
+        self.cache = cache_for(code, _cache_key(self.backend, self.options, self.fullgraph,
+                                                self.dynamic))
 
     def _compile_and_call(self, args: tuple, kwargs: dict, seen: list | None = None) -> Any:
         """Every entry missed (``seen``: the entry list that was tried): compile a new entry,
@@ -368,7 +375,20 @@ class CompiledFunction:
         with _Compiling():
             return convert_frame(self.fn, args, kwargs, backend=self.backend, options=self.options,
                                  fullgraph=self.fullgraph,
-                                 root_module=self._root_module)
+                                 root_module=self._root_module, policy=self._policy(args, kwargs))
+
+    def _policy(self, args: tuple, kwargs: dict) -> Any:
+        """How this compile treats sizes (see ``output.DynamicPolicy``)."""
+        from .output import DynamicPolicy
+        from .symbolic import backend_takes_symbolic, has_marks
+
+        code = self.fn.__code__
+        n = code.co_argcount + code.co_kwonlyargcount
+        return DynamicPolicy(mode=self.dynamic, state=self.cache.frame_state,
+                             recompile=bool(self.cache.entries),
+                             allowed=backend_takes_symbolic(self.backend),
+                             marked=has_marks(args, kwargs),
+                             root_args=tuple(code.co_varnames[:n]))
 
 
 def _defaults_added(fn: Any, entries: list) -> bool:
@@ -405,6 +425,7 @@ def _module_call_fn(cls: type) -> types.FunctionType:
 
 def _is_user_error(e: BaseException) -> bool:
     from ..exc import BackendLoadError, BackendNotFound, InferenceOnlyBackend, NotImplementedYet
+    from .symbolic import DynamicShapeError
 
     return isinstance(e, (BackendNotFound, BackendLoadError, NotImplementedYet,
-                          InferenceOnlyBackend))
+                          InferenceOnlyBackend, DynamicShapeError))

@@ -152,6 +152,12 @@ class Tracer:
             return ConstVar(value, source, pending=(lambda: g(expr)) if guard else None)
         if value is None or t is bool:
             return const(f"({source}) is {value!r}")
+        if t is int and out.symbolic is not None:  # dynamic shapes: maybe a SymInt argument
+            sym = out.symint_arg(value, source)
+            if sym is not None:
+                return sym
+        elif t is int and out.policy.state is not None:
+            out.symint_arg(value, source)  # automatic dynamic: remember the value
         if t in (int, float, str, bytes):
             from .guards import const_guard
             return const(const_guard(source, value, out.ns))
@@ -280,8 +286,8 @@ class Tracer:
             pairs = {k: self._to_node_and_fake(i) for k, i in v.items.items()}
             return {k: p[0] for k, p in pairs.items()}, {k: p[1] for k, p in pairs.items()}
         if isinstance(v, ConstVar):
-            if isinstance(v.value, slice):
-                return v.value, v.value
+            if self.out.symbolic is not None:  # symbolic sizes become nodes of the graph
+                return self.out.graph_arg(v.value), v.value
             return v.value, v.value
         if isinstance(v, (BuiltinVar, ClassVar, PyModuleVar)):
             return v.value, v.value
@@ -336,14 +342,17 @@ class Tracer:
 
     def const_result(self, r: Any) -> Var:
         if isinstance(r, torch.Size):
-            return TupleVar([ConstVar(int(s)) for s in r], cls=torch.Size)
+            return TupleVar([ConstVar(s if isinstance(s, torch.SymInt) else int(s)) for s in r],
+                            cls=torch.Size)
         if isinstance(r, (int, float, bool, str, type(None), torch.dtype, torch.device)):
             return ConstVar(r)
         if isinstance(r, (tuple, list)):
             items = [self.const_result(x) for x in r]
             return TupleVar(items, cls=type(r)) if isinstance(r, tuple) else ListVar(items)
         if isinstance(r, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-            raise Unsupported("symbolic sizes are not supported (static shapes only)")
+            if self.out.symbolic is None:
+                raise Unsupported("a symbolic value in a static capture")
+            return ConstVar(r)  # a size: Python reads it symbolically (ShapeEnv guards)
         if isinstance(r, torch.Tensor):  # a traced (fake) tensor must never reach the user
             raise Unsupported("a tensor inside an op's result that Ember cannot take apart")
         return ConstVar(r)
@@ -377,7 +386,7 @@ class Tracer:
             f = obj.fake
             if name in rules.TENSOR_META_ATTRS:
                 if name == "shape":
-                    return TupleVar([ConstVar(int(s)) for s in f.shape], cls=torch.Size)
+                    return self.const_result(f.shape)
                 return self.const_result(getattr(f, name))
             if name in rules.TENSOR_GRAPH_ATTRS:
                 if name == "data":
@@ -1382,6 +1391,9 @@ class Frame:
         if isinstance(value, TensorVar):
             raise Unsupported("formatting a tensor into a string needs its value")
         v = value.as_const()
+        if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            v = int(v) if isinstance(v, torch.SymInt) else (
+                float(v) if isinstance(v, torch.SymFloat) else bool(v))  # text needs the value
         conv = ins.arg & 0x03
         if conv == 1:
             v = str(v)

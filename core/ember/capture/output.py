@@ -70,6 +70,8 @@ class GuardSet:
     def __init__(self) -> None:
         self.exprs: list[str] = []
         self._seen: set[str] = set()
+        #: guard -> the user's line (or the rule) that introduced it, for symbolic-size guards
+        self.origins: dict[str, str] = {}
         #: source -> namespace name, for sources guarded by identity (``(src) is ___name``)
         self.identity: dict[str, str] = {}
 
@@ -88,13 +90,85 @@ class GuardSet:
         self.exprs[:0] = new
 
 
+class DynamicPolicy:
+    """How one capture treats sizes and ints: ``mode`` is ``ember.compile(dynamic=...)``;
+    ``state`` the function's automatic-dynamic memory (:class:`FrameState`); ``recompile`` is
+    True when the function already has entries (automatic dynamic may apply); ``allowed`` is
+    False when the backend cannot take symbolic graphs; ``marked`` when an argument carries
+    ``ember.mark_dynamic`` marks."""
+
+    __slots__ = ("mode", "state", "recompile", "allowed", "marked", "root_args")
+
+    def __init__(self, mode: bool | None = None, state: "FrameState | None" = None,
+                 recompile: bool = False, allowed: bool = True, marked: bool = False,
+                 root_args: tuple[str, ...] = ()):
+        self.mode, self.state, self.recompile = mode, state, recompile
+        self.allowed, self.marked, self.root_args = allowed, marked, root_args
+
+    @property
+    def symbolic(self) -> bool:
+        if not self.allowed:
+            return False
+        return self.marked or self.mode is True or (self.mode is None and self.recompile)
+
+
+class FrameState:
+    """Automatic dynamic: what earlier compiles of one function saw. A tensor dim (an int
+    argument) whose value differs from the one seen before becomes symbolic from then on."""
+
+    __slots__ = ("shapes", "dims", "ints", "int_dynamic")
+
+    def __init__(self) -> None:
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        self.dims: dict[str, set[int]] = {}
+        self.ints: dict[str, int] = {}
+        self.int_dynamic: set[str] = set()
+
+    def see_shape(self, source: Any, shape: tuple[int, ...]) -> set[int]:
+        source = str(source)
+        old = self.shapes.get(source)
+        dims = self.dims.setdefault(source, set())
+        if old is not None and len(old) == len(shape):
+            dims.update(i for i, (a, b) in enumerate(zip(old, shape)) if a != b)
+        self.shapes[source] = shape
+        return dims
+
+    def see_int(self, source: Any, value: int) -> bool:
+        source = str(source)
+        old = self.ints.get(source)
+        if old is not None and old != value:
+            self.int_dynamic.add(source)
+        self.ints[source] = value
+        return source in self.int_dynamic
+
+
+class _SymIntInput:
+    """A graph input holding a symbolic int argument (``out.inputs`` reads ``.node``)."""
+
+    __slots__ = ("node",)
+
+    def __init__(self, node: torch.fx.Node):
+        self.node = node
+
+
 class OutputGraph:
-    def __init__(self, fn_globals: dict[str, Any]):
+    def __init__(self, fn_globals: dict[str, Any], policy: DynamicPolicy | None = None):
         self.graph = torch.fx.Graph()
-        self.fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
+        self.policy = policy or DynamicPolicy(mode=False)
+        #: the symbolic-shape machinery of a dynamic compile (None: static, as before)
+        self.symbolic: Any = None
+        if self.policy.symbolic:
+            from .symbolic import SymbolicShapes, _user_where
+            self.symbolic = SymbolicShapes(lambda: _user_where(
+                self.tracer.frames if self.tracer is not None else []))
+            self.fake_mode = self.symbolic.fake_mode
+        else:
+            self.fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
         self.guards = GuardSet()
         self.namespace: dict[str, Any] = {"___G": fn_globals, "___torch": torch,
                                           **ENTRY_HELPERS}
+        if self.symbolic is not None:  # printed size expressions: math.floor, torch.sym_float
+            self.namespace.update(math=__import__("math"), torch=torch)
         self._ns_ids: dict[int, str] = {}
         self._counter = itertools.count()
         # graph inputs: (placeholder var, source expression, real value)
@@ -158,7 +232,21 @@ class OutputGraph:
             return existing
         name = _node_name(source, len(self.inputs))
         node = self.graph.placeholder(name)
-        fake = self.fake_mode.from_tensor(value, static_shapes=True)
+        state = self.policy.state if self.policy.mode is None else None
+        auto = state.see_shape(source, tuple(value.shape)) if state is not None and \
+            not is_param else set()
+        sym = self.symbolic
+        if sym is None:
+            fake = self.fake_mode.from_tensor(value, static_shapes=True)
+        else:
+            from .symbolic import dynamic_marks, static_marks
+            marks = dynamic_marks(value)
+            dims = set(range(value.dim())) if self.policy.mode is True and not is_param else \
+                set(auto)
+            dims -= static_marks(value)
+            fake = sym.fakify(value, source, dims, marks)
+            sym.register_tensor(node, fake)
+            node.meta["val"] = fake
         node.meta["example_value"] = fake
         var = TensorVar(node, fake, source=source, cls=type(value), is_param=is_param)
         self.inputs.append((var, source, value))
@@ -173,9 +261,80 @@ class OutputGraph:
             self.guards.add(f"({self._short_path(source)}) is {ref}")
             self.guards.add(f"{ref}.requires_grad is {bool(value.requires_grad)}")
             self.fetch[source] = ref
+        elif sym is not None and _is_symbolic_tensor(fake):
+            self.guards.add(self.symbolic_tensor_guard(source, value, fake))
         else:
             self.guards.add(self.tensor_guard(source, value))
         return var
+
+    # -- dynamic shapes ------------------------------------------------------------------------
+    def symint_arg(self, value: int, source: Any) -> Any:
+        """The ConstVar for the int argument ``source``, symbolic when this compile makes it
+        dynamic (``dynamic=True``, or automatic dynamic after its value changed); None: wrap it
+        as a constant, as before."""
+        policy = self.policy
+        if str(source) not in policy.root_args:
+            return None
+        state = policy.state if policy.mode is None else None
+        dyn = state.see_int(source, value) if state is not None else policy.mode is True
+        sym = self.symbolic
+        if not dyn or sym is None:
+            return None
+        s = sym.symint_input(value, source)
+        node = self.graph.placeholder(_node_name(str(source), len(self.inputs)))
+        node.meta["example_value"] = node.meta["val"] = s
+        sym.register_int(node, s)
+        self.inputs.append((_SymIntInput(node), source, value))  # type: ignore[arg-type]
+        self.input_kinds[source] = "symint"
+        return ConstVar(s, source)
+
+    def graph_arg(self, value: Any) -> Any:
+        """The fx argument for a constant passed to an op: symbolic ints become nodes that
+        compute them from the inputs' sizes (slices and sequences of them too)."""
+        sym = self.symbolic
+        if sym is None:
+            return value
+        from .symbolic import is_symbolic
+        if is_symbolic(value):
+            return sym.node_for(value, self.create_node)
+        if isinstance(value, slice):
+            if any(is_symbolic(x) for x in (value.start, value.stop, value.step)):
+                return slice(self.graph_arg(value.start), self.graph_arg(value.stop),
+                             self.graph_arg(value.step))
+        elif isinstance(value, (tuple, list)) and any(is_symbolic(x) for x in value):
+            return type(value)(self.graph_arg(x) for x in value) if not isinstance(
+                value, torch.Size) else tuple(self.graph_arg(x) for x in value)
+        return value
+
+    def symbolic_tensor_guard(self, source: Any, t: torch.Tensor, fake: torch.Tensor) -> str:
+        """The tensor guard of a tensor with symbolic sizes: static dims and strides compared
+        as before, symbolic ones checked by the shape guards (ranges, relations)."""
+        sym = self.symbolic
+        parts = [
+            f"type({source}) is {self.ns(type(t), type(t).__name__)}",
+            f"({source}).dtype is {self.ns(t.dtype, str(t.dtype))}",
+            f"({source}).device == {self.ns(t.device, 'device')}",
+            f"({source}).dim() == {t.dim()}",
+        ]
+        for i, s in enumerate(fake.shape):
+            if not isinstance(s, torch.SymInt):
+                parts.append(f"({source}).size({i}) == {int(s)}")
+        for i, s in enumerate(fake.stride()):
+            parts.append(f"({source}).stride({i}) == "
+                         f"{sym.expr_source(s) if isinstance(s, torch.SymInt) else int(s)}")
+        parts.append(f"({source}).requires_grad is {bool(t.requires_grad)}")
+        return " and ".join(parts)
+
+    def add_symbolic_guards(self) -> None:
+        """After tracing (and the backend's compile): the shape guards, each with its origin."""
+        sym = self.symbolic
+        if sym is None:
+            return
+        sym.check_marked()
+        for expr, origin in sym.guards():
+            if expr not in self.guards._seen:
+                self.guards.add(expr)
+                self.guards.origins[expr] = origin
 
     def tensor_guard(self, source: str, t: torch.Tensor) -> str:
         parts = [
@@ -216,6 +375,10 @@ class OutputGraph:
         self.graph.eliminate_dead_code()
         gm = torch.fx.GraphModule(torch.nn.Module(), self.graph, class_name="EmberGraph")
         return gm
+
+
+def _is_symbolic_tensor(fake: torch.Tensor) -> bool:
+    return any(isinstance(s, torch.SymInt) for s in (*fake.shape, *fake.stride()))
 
 
 def _input_kind(source: str, value: torch.Tensor, is_param: bool) -> str:
@@ -288,6 +451,10 @@ class Reconstructor:
             if v.guard_pending and v.source is not None:
                 return v.source  # forwarded untouched: no need to specialize on it
             val = v.value
+            if out.symbolic is not None:
+                from .symbolic import is_symbolic
+                if is_symbolic(val):  # a size: recomputed from the inputs in the entry
+                    return out.symbolic.expr_source(val)
             if type(val) in _SIMPLE_CONSTS and not (isinstance(val, float) and
                                                         (val != val or val in (float("inf"),
                                                                                float("-inf")))):
@@ -444,7 +611,9 @@ def build_entry(fn: Callable[..., Any], out: OutputGraph, compiled: Callable[...
     # A second function evaluates the guards one by one to name the first that fails.
     explain_lines = [f"def ___failed_guard({sig}):"]
     for g in out.guards.exprs:
-        explain_lines += ["    try:", f"        if not ({g}):", f"            return {g!r}",
+        origin = out.guards.origins.get(g)
+        shown = f"{g}  (introduced by {origin})" if origin else g
+        explain_lines += ["    try:", f"        if not ({g}):", f"            return {shown!r}",
                           "    except Exception as e:",
                           f"        return {g!r} + ' (raised ' + type(e).__name__ + ')'"]
     explain_lines.append("    return None")
@@ -466,7 +635,9 @@ def build_entry(fn: Callable[..., Any], out: OutputGraph, compiled: Callable[...
     entry.source = src
     entry.guards = list(out.guards.exprs)
     if guard_log.isEnabledFor(logging.INFO):
-        guard_log.info("guards for %s:\n  %s", filename, "\n  ".join(out.guards.exprs))
+        shown = [f"{g}  # {out.guards.origins[g]}" if g in out.guards.origins else g
+                 for g in out.guards.exprs]
+        guard_log.info("guards for %s:\n  %s", filename, "\n  ".join(shown))
     if code_log.isEnabledFor(logging.INFO):
         code_log.info("entry for %s:\n%s", filename, src)
     return entry

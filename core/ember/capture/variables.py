@@ -87,7 +87,10 @@ class ConstVar(Var):
         return self._pending is not None
 
     def python_type(self) -> type:
-        return type(self.value)
+        v = self.value
+        if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):  # dynamic shapes
+            return {torch.SymInt: int, torch.SymFloat: float}.get(type(v), bool)
+        return type(v)
 
     def is_const(self) -> bool:
         return True
@@ -373,7 +376,10 @@ class BuiltinVar(Var):
         self.source = source
 
     def python_type(self) -> type:
-        return type(self.value)
+        v = self.value
+        if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):  # dynamic shapes
+            return {torch.SymInt: int, torch.SymFloat: float}.get(type(v), bool)
+        return type(v)
 
     def is_const(self) -> bool:
         return True
@@ -460,7 +466,10 @@ class ClassVar(Var):
         self.source = source
 
     def python_type(self) -> type:
-        return type(self.value)
+        v = self.value
+        if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):  # dynamic shapes
+            return {torch.SymInt: int, torch.SymFloat: float}.get(type(v), bool)
+        return type(v)
 
     def is_const(self) -> bool:
         return True
