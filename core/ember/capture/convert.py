@@ -135,8 +135,10 @@ def _convert_frame(fn: Callable[..., Any], args: tuple, kwargs: dict, *, backend
             raise
         first = e
     if _inside_loop(fn.__code__, bp[0]):
-        raise Unsupported(f"graph break inside a loop ({first.reason}); the frame runs "
-                          "eagerly, as torch.compile does", where=first.where) from first
+        skip = Unsupported(f"graph break inside a loop ({first.reason}); the frame runs "
+                           "eagerly, as torch.compile does", where=first.where)
+        skip.skip_frame = True  # type: ignore[attr-defined]  (frame.py: nested compile)
+        raise skip from first
     try:
         return _convert(fn, args, kwargs, backend, options, bp, first, extra_guards, policy)
     except Unsupported as e2:

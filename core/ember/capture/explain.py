@@ -103,7 +103,7 @@ class _Recorder:
             r.guards.append((d.get("function", "?"), list(d.get("guards", ()))))
         elif event.kind == "recompile":
             r.recompiles.append((d.get("function", "?"), d.get("reason", "?")))
-        elif event.kind == "fallback":
+        elif event.kind in ("fallback", "skip"):  # skip: its own code ran eagerly
             r.fallbacks.append((d.get("function", "?"), d.get("reason", "?")))
 
 

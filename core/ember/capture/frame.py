@@ -23,6 +23,7 @@ __all__ = ["CompiledFunction", "MISS", "reset_caches", "is_compiling", "mark_dis
 log = logging.getLogger("ember.capture")
 fallback_log = logging.getLogger("ember.fallback")
 recompile_log = logging.getLogger("ember.recompiles")
+skip_log = logging.getLogger("ember.skips")
 
 
 class _Miss:
@@ -115,7 +116,8 @@ def is_allowed_in_graph(fn: Any) -> bool:
 class CodeCache:
     """Entries for one code object (one user function), most recent first."""
 
-    __slots__ = ("code", "entries", "misses", "given_up", "lock", "frame_state", "__weakref__")
+    __slots__ = ("code", "entries", "misses", "given_up", "lock", "frame_state", "skipped",
+                 "__weakref__")
 
     def __init__(self, code: types.CodeType):
         from .output import FrameState
@@ -127,6 +129,9 @@ class CodeCache:
         self.entries: list[Callable[..., Any]] = []
         self.misses = 0
         self.given_up: str | None = None
+        #: given up because of a graph break inside a loop: the frame runs eagerly with the
+        #: modules it calls compiled (capture/nested.py), as torch.compile skips such frames
+        self.skipped = False
         #: held while compiling: threads missing at once compile once
         self.lock = threading.RLock()
 
@@ -155,14 +160,16 @@ def _cache_key(backend: Any, options: dict[str, Any], fullgraph: bool,
 
 
 def reset_caches() -> None:
-    from . import artifact, convert
+    from . import artifact, convert, nested
 
     artifact.clear()
+    nested.reset()
     convert._graph_counts.clear()
     for c in _code_caches.values():
         c.entries = []
         c.misses = 0
         c.given_up = None
+        c.skipped = False
     _code_caches.clear()
 
 
@@ -217,7 +224,7 @@ class CompiledFunction:
             if not _defaults_added(fn, entries):
                 raise
         if cache.given_up is not None:
-            return fn(*args, **kwargs)
+            return self._eager(args, kwargs)
         return self._compile_and_call(args, kwargs, entries)
 
     def _rebind(self, code: types.CodeType) -> None:
@@ -254,7 +261,7 @@ class CompiledFunction:
                     entry = self._compile_locked(args, kwargs)
                     break
             if cache.given_up is not None:
-                return self.fn(*args, **kwargs)
+                return self._eager(args, kwargs)
             # Another thread compiled while this one waited: try its entries first.
             for e in current:
                 if not any(e is s for s in seen):
@@ -266,7 +273,7 @@ class CompiledFunction:
             traced_error = self._traced_error
             self._traced_error = None
             if traced_error is None:
-                return self.fn(*args, **kwargs)
+                return self._eager(args, kwargs)
             try:
                 return self.fn(*args, **kwargs)
             except type(traced_error):
@@ -342,7 +349,24 @@ class CompiledFunction:
         err.breaks = found  # type: ignore[attr-defined]
         return err
 
+    def _eager(self, args: tuple, kwargs: dict) -> Any:
+        """Run the function itself: the frame was given up (or this call could not compile)."""
+        if self.cache.skipped:
+            from .nested import scope
+            with scope(self.backend, self.options, self.dynamic, args[0] if args else None):
+                return self.fn(*args, **kwargs)
+        return self.fn(*args, **kwargs)
+
     def _fallback(self, e: BaseException, internal: bool = False) -> None:
+        if getattr(e, "skip_frame", False):
+            # torch.compile skips such a frame too, and compiles what it calls: so does Ember
+            events.counters["stats"]["skipped_frames"] += 1
+            skip_log.info("ember: %s runs as Python, with the modules it calls compiled (as "
+                          "torch.compile skips it): %s", _user_location(self.fn), e)
+            events.emit("skip", function=_user_location(self.fn), reason=str(e))
+            self.cache.given_up = str(e)
+            self.cache.skipped = True
+            return
         events.counters["stats"]["fallbacks"] += 1
         from ..exc import BackendCompilerFailed
         if isinstance(e, BackendCompilerFailed):
