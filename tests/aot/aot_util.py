@@ -53,7 +53,8 @@ def lift(module_or_fn: Any, n_user_inputs: int | None = None) -> tuple[fx.GraphM
                 anchor = last if last is not None else next(iter(g.nodes))
                 ctx = g.inserting_after(anchor) if last is not None else g.inserting_before(anchor)
                 with ctx:
-                    ph = g.placeholder(n.target.replace(".", "_"))
+                    name = n.target.replace(".", "_")
+                    ph = g.placeholder(f"_{name}" if name[0].isdigit() else name)
                 last = ph
                 lifted[n.target] = ph
                 names.append(n.target)

@@ -18,6 +18,8 @@ from torch._subclasses import FakeTensorMode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .symbolic import expr_of, is_sym
+
 __all__ = ["OutputInfo", "GraphInfo", "analyze", "fakeify"]
 
 
@@ -32,6 +34,7 @@ class OutputInfo:
 
     kind: str
     index: int = -1
+    # ints; sympy expressions over the inputs' symbols under dynamic shapes
     size: tuple[int, ...] = ()
     stride: tuple[int, ...] = ()
     # "input_alias": storage offset (in elements of ``dtype``); "output_alias": in bytes,
@@ -55,6 +58,11 @@ class GraphInfo:
     # without writing its data; the runtime applies the new metadata after the graph runs
     meta_mutated: dict[int, tuple[tuple[int, ...], tuple[int, ...], int]] = dataclasses.field(
         default_factory=dict)
+    # dynamic shapes: ``geometry(inputs) -> {flat output position: (size, stride, offset)}``
+    # for the aliased outputs, whose OutputInfo then holds sympy expressions over the symbols
+    geometry: Any = None
+    # positions among the graph outputs that are sizes (SymInts the graph returns as ints)
+    graph_out_sym: frozenset[int] = frozenset()
 
 
 class _MutationMode(TorchDispatchMode):
@@ -94,66 +102,114 @@ class _MutationMode(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-def fakeify(mode: FakeTensorMode, tensors: Sequence[torch.Tensor],
-            requires_grad: Sequence[bool] | None = None) -> list[torch.Tensor]:
-    """Fresh leaf FakeTensors with the inputs' sizes, strides, storage offsets and devices."""
-    out = []
+def fakeify(mode: FakeTensorMode, tensors: Sequence[Any],
+            requires_grad: Sequence[bool] | None = None,
+            metas: Sequence[Any] | None = None) -> list[Any]:
+    """Fresh leaf FakeTensors with the inputs' sizes, strides, storage offsets and devices.
+
+    With ``metas`` (dynamic shapes: the placeholders' symbolic ``meta["val"]``), the fakes are
+    detached copies of those, so they carry capture's symbols; SymInt inputs are passed as
+    they are. Non-tensor inputs are passed as they are."""
+    out: list[Any] = []
     for i, t in enumerate(tensors):
-        f = mode.from_tensor(t.detach())
+        if metas is not None:
+            m = metas[i]
+            if not isinstance(m, torch.Tensor):
+                out.append(m)
+                continue
+            f = m.detach()
+        elif not isinstance(t, torch.Tensor):
+            out.append(t)
+            continue
+        else:
+            f = mode.from_tensor(t.detach())
         if requires_grad is not None and requires_grad[i]:
             f.requires_grad_(True)
         out.append(f)
     return out
 
 
+def _geometry(t: torch.Tensor) -> tuple[tuple[Any, ...], tuple[Any, ...], Any]:
+    """Size, strides and storage offset, symbolic ones as sympy expressions (compared
+    structurally: comparing SymInts would add guards)."""
+    return (tuple(expr_of(s) for s in t.size()), tuple(expr_of(s) for s in t.stride()),
+            expr_of(t.storage_offset()))
+
+
+def _raw_geometry(t: torch.Tensor) -> tuple[Any, ...]:
+    """Size, strides and offset as they are (SymInts by object: a guard the run adds may rewrite
+    a symbol's expression, which is no change of the tensor's metadata)."""
+    return (*t.size(), None, *t.stride(), None, t.storage_offset())
+
+
+def _same_raw(a: tuple[Any, ...], b: tuple[Any, ...] | None) -> bool:
+    if b is None or len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if isinstance(x, torch.SymInt) or isinstance(y, torch.SymInt):
+            if not (isinstance(x, torch.SymInt) and isinstance(y, torch.SymInt)
+                    and x.node is y.node):
+                return False
+        elif x != y:
+            return False
+    return True
+
+
 def _flatten(out: Any) -> tuple[list[Any], Any]:
     return pytree.tree_flatten(out)
 
 
-def analyze(gm: torch.fx.GraphModule, tensors: Sequence[torch.Tensor],
-            requires_grad: Sequence[bool], need_grad_info: bool) -> GraphInfo:
+def analyze(gm: Any, tensors: Sequence[Any], requires_grad: Sequence[bool],
+            need_grad_info: bool, mode: FakeTensorMode | None = None,
+            metas: Sequence[Any] | None = None) -> GraphInfo:
     """Find mutated inputs, aliased outputs and (when ``need_grad_info``) which outputs require
-    grad, by running ``gm`` over fake copies of ``tensors``."""
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-    fakes = fakeify(mode, tensors)
+    grad, by running ``gm`` over fake copies of ``tensors``.
+
+    Dynamic shapes: ``mode`` is capture's FakeTensorMode and ``metas`` the inputs' symbolic
+    values; the geometry of aliased outputs is then recorded as sympy expressions over the
+    inputs' symbols (evaluated per call by the runtime)."""
+    if mode is None:
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fakes = fakeify(mode, tensors, None, metas)
+    before = [_raw_geometry(f) if isinstance(f, torch.Tensor) else None for f in fakes]
     mm = _MutationMode()
     with mode, mm, torch.no_grad():
         flat, spec = _flatten(gm(*fakes))
-    mutated = [i for i, f in enumerate(fakes)
-               if any(torch._C._is_alias_of(w, f) for w in mm.written)]
-    for i, f in enumerate(fakes):
+    tfakes = [(i, f) for i, f in enumerate(fakes) if isinstance(f, torch.Tensor)]
+    mutated = [i for i, f in tfakes if any(torch._C._is_alias_of(w, f) for w in mm.written)]
+    for i, f in tfakes:
         if any(torch._C._is_alias_of(w, f) for w in mm.resized):
             raise NotImplementedError(
                 "resize_ of a graph input (or of a view of one) is not supported by AOT autograd")
-    meta_mutated = {i: (tuple(f.size()), tuple(f.stride()), f.storage_offset())
-                    for i, (f, t) in enumerate(zip(fakes, tensors))
-                    if (f.size(), f.stride(), f.storage_offset())
-                    != (t.size(), t.stride(), t.storage_offset())}
+    meta_mutated = {i: _geometry(f) for i, f in tfakes
+                    if not _same_raw(_raw_geometry(f), before[i])}
 
     outputs: list[OutputInfo] = []
     graph_out_flat: list[int] = []
     for k, o in enumerate(flat):
+        if is_sym(o):  # a size computed by the graph (dynamic shapes): the graph returns it
+            outputs.append(OutputInfo("graph", len(graph_out_flat)))
+            graph_out_flat.append(k)
+            continue
         if not isinstance(o, torch.Tensor):
             outputs.append(OutputInfo("const", value=o))
             continue
         info = None
-        for i, f in enumerate(fakes):
+        og = _geometry(o)
+        for i, f in tfakes:
             if torch._C._is_alias_of(o, f):
-                same = (o.size() == f.size() and o.stride() == f.stride()
-                        and o.storage_offset() == f.storage_offset() and o.dtype == f.dtype)
-                info = OutputInfo("input_alias", i, tuple(o.size()), tuple(o.stride()),
-                                  o.storage_offset(), same, dtype=o.dtype)
+                same = og == _geometry(f) and o.dtype == f.dtype
+                info = OutputInfo("input_alias", i, og[0], og[1], og[2], same, dtype=o.dtype)
                 break
         if info is None:
             for j in range(k):
                 b = flat[j]
                 if (isinstance(b, torch.Tensor) and outputs[j].kind == "graph"
                         and torch._C._is_alias_of(o, b)):
-                    same = (o.size() == b.size() and o.stride() == b.stride()
-                            and o.storage_offset() == b.storage_offset() and o.dtype == b.dtype)
-                    info = OutputInfo("output_alias", j, tuple(o.size()), tuple(o.stride()),
-                                      o.storage_offset() * o.element_size()
-                                      - b.storage_offset() * b.element_size(), same,
+                    same = og == _geometry(b) and o.dtype == b.dtype
+                    info = OutputInfo("output_alias", j, og[0], og[1],
+                                      expr_of(o.storage_offset() * o.element_size()
+                                              - b.storage_offset() * b.element_size()), same,
                                       dtype=o.dtype)
                     break
         if info is None:
@@ -161,22 +217,27 @@ def analyze(gm: torch.fx.GraphModule, tensors: Sequence[torch.Tensor],
             graph_out_flat.append(k)
         outputs.append(info)
 
-    result = GraphInfo(spec, outputs, graph_out_flat, mutated, meta_mutated=meta_mutated)
+    result = GraphInfo(spec, outputs, graph_out_flat, mutated, meta_mutated=meta_mutated,
+                       graph_out_sym=frozenset(j for j, k in enumerate(graph_out_flat)
+                                               if is_sym(flat[k])))
     if need_grad_info:
-        _grad_info(gm, tensors, requires_grad, result)
+        _grad_info(gm, tensors, requires_grad, result, mode if metas is not None else None,
+                   metas)
     return result
 
 
-def _grad_info(gm: torch.fx.GraphModule, tensors: Sequence[torch.Tensor],
-               requires_grad: Sequence[bool], info: GraphInfo) -> None:
+def _grad_info(gm: Any, tensors: Sequence[Any], requires_grad: Sequence[bool], info: GraphInfo,
+               mode: FakeTensorMode | None = None, metas: Sequence[Any] | None = None) -> None:
     """Second fake run with autograd on: which graph outputs and mutated inputs require grad."""
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-    fakes = fakeify(mode, tensors, requires_grad)
+    if mode is None:
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fakes = fakeify(mode, tensors, requires_grad, metas)
     with mode, _MutationMode(), torch.enable_grad():
         xs = list(fakes)
         for i in info.mutated:
             if xs[i].requires_grad:  # mutate a non-leaf copy, as the joint trace does
                 xs[i] = xs[i].clone()
         flat, _ = _flatten(gm(*xs))
-    info.graph_out_requires_grad = [bool(flat[k].requires_grad) for k in info.graph_out_flat]
+    info.graph_out_requires_grad = [isinstance(flat[k], torch.Tensor) and bool(flat[k].requires_grad)
+                                    for k in info.graph_out_flat]
     info.mutated_requires_grad = [bool(xs[i].requires_grad) for i in info.mutated]

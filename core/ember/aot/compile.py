@@ -13,7 +13,10 @@ from .. import events
 from .._logging import enabled
 from .analysis import GraphInfo, analyze
 from .partition import partition_joint
+from .names import readable_names, rename_placeholders
 from .runtime import ForwardOnly, Training
+from .symbolic import (DataDependentSymbols, ShapeEnvWatch, SizeExprs, SymbolBinder, guard_check,
+                       hint, is_sym, to_hint)
 from .trace import trace_forward, trace_joint
 
 __all__ = ["aot_compile", "AOTCompiled"]
@@ -21,13 +24,17 @@ __all__ = ["aot_compile", "AOTCompiled"]
 log = logging.getLogger("ember.aot")
 
 
-def _example_from_meta(gm: torch.fx.GraphModule) -> list[torch.Tensor]:
-    """Real (zero-filled) tensors matching a graph's placeholders, for backend.compile."""
-    out = []
+def _example_from_meta(gm: torch.fx.GraphModule) -> list[Any]:
+    """Real (zero-filled) tensors matching a graph's placeholders, for backend.compile; symbolic
+    sizes take their example values, SymInt placeholders become those ints."""
+    out: list[Any] = []
     for n in gm.graph.nodes:
         if n.op == "placeholder":
             v = n.meta.get("val")
-            out.append(torch.empty_strided(v.shape, v.stride(), dtype=v.dtype,
+            if not isinstance(v, torch.Tensor):
+                out.append(hint(v))
+                continue
+            out.append(torch.empty_strided(to_hint(v.shape), to_hint(v.stride()), dtype=v.dtype,
                                            device=v.device).zero_())
     return out
 
@@ -47,9 +54,15 @@ def _data_dependent(e: BaseException) -> str | None:
     """The op whose output shape or value depends on tensor data, if ``e`` says so."""
     from torch._subclasses.fake_tensor import (DataDependentOutputException,
                                                DynamicOutputShapeException)
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
     if isinstance(e, (DynamicOutputShapeException, DataDependentOutputException)):
         return str(e.func) if getattr(e, "func", None) is not None else str(e)
+    if isinstance(e, DataDependentSymbols):
+        return str(e)
+    if isinstance(e, GuardOnDataDependentSymNode):
+        # a branch on an unbacked size/value (dynamic shapes): the first line says which
+        return str(e).split("\n", 1)[0]
     text = str(e)
     if isinstance(e, RuntimeError) and "get value out of a tracing tensor with" in text:
         # .item()/_local_scalar_dense, equal, allclose: a Python value read from a tensor
@@ -60,7 +73,11 @@ def _data_dependent(e: BaseException) -> str | None:
 class AOTCompiled:
     """The callable ``aot_compile`` returns. Takes the graph's inputs positionally, returns its
     outputs. Variants (training for a given ``requires_grad`` pattern, inference) are compiled on
-    first use; the one for the example inputs is compiled eagerly."""
+    first use; the one for the example inputs is compiled eagerly.
+
+    Dynamic shapes (``context.fake_mode`` set): the ATen graphs are traced over the placeholders'
+    symbolic ``meta["val"]`` under that mode, SymInt placeholders stay graph inputs (real ints at
+    run time), and one build of a variant serves every size; variants never key on sizes."""
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], backend: Any,
                  options: dict[str, Any], context: Any = None):
@@ -69,30 +86,62 @@ class AOTCompiled:
         self.options = options
         #: the torch-level graph's CompileContext; ATen graphs get a derived one (kind, inputs)
         self.context = context
-        self.tensor_idx = [i for i, a in enumerate(example_inputs) if isinstance(a, torch.Tensor)]
+        #: dynamic shapes: capture's FakeTensorMode (None: static, every size is a constant)
+        self.fake_mode = getattr(context, "fake_mode", None) if context is not None else None
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        self.metas: list[Any] | None = None
+        if self.fake_mode is not None:
+            metas = [n.meta.get("val") for n in placeholders]
+            if len(metas) != len(example_inputs):
+                raise NotImplementedError(
+                    f"dynamic shapes: the graph has {len(metas)} placeholders but "
+                    f"{len(example_inputs)} example inputs")
+            for n, m, a in zip(placeholders, metas, example_inputs):
+                if isinstance(a, torch.Tensor) and getattr(m, "fake_mode", None) is not \
+                        self.fake_mode:
+                    raise NotImplementedError(
+                        f"dynamic shapes: placeholder {n.name} has no FakeTensor of the "
+                        "compile's fake_mode in meta['val']")
+            # the ATen graphs' inputs: tensors and sizes (SymInt placeholders)
+            self.input_idx = [i for i, (a, m) in enumerate(zip(example_inputs, metas))
+                              if isinstance(a, torch.Tensor) or is_sym(m)]
+            self.metas = [metas[i] for i in self.input_idx]
+            self.binder: SymbolBinder | None = SymbolBinder(self.metas)
+        else:
+            self.input_idx = [i for i, a in enumerate(example_inputs)
+                              if isinstance(a, torch.Tensor)]
+            self.binder = None
+        self.tensor_idx = self.input_idx  # the name older code uses
+        self._placeholder_names = [n.name for n in placeholders]
         self._variants: dict[Any, Any] = {}
         self._lock = threading.Lock()
         self._decomps = dict(backend.get_decompositions())
+        self._warned_guard = False
         self._key_and_build(example_inputs)
 
+    @property
+    def dynamic(self) -> bool:
+        return self.fake_mode is not None
+
     # -- variants ------------------------------------------------------------------------
-    def _key(self, tensors: Sequence[torch.Tensor]) -> Any:
+    def _key(self, inputs: Sequence[Any]) -> Any:
+        # requires_grad only: never sizes (one variant serves every size under dynamic shapes)
         if torch.is_grad_enabled():
-            rg = tuple(t.requires_grad for t in tensors)
+            rg = tuple(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
             if any(rg):
                 return rg
         return "inference"
 
     def _key_and_build(self, args: Sequence[Any], first: bool = True) -> Any:
-        tensors = [args[i] for i in self.tensor_idx]
-        key = self._key(tensors)
+        inputs = [args[i] for i in self.input_idx]
+        key = self._key(inputs)
         v = self._variants.get(key)
         if v is None:
             with self._lock:
                 v = self._variants.get(key)
                 if v is None:
                     try:
-                        v = self._build(key, args, tensors)
+                        v = self._build(key, args, inputs)
                     except Exception as e:
                         if first:  # the caller (compile_graph) reports it and runs eagerly
                             raise
@@ -103,28 +152,43 @@ class AOTCompiled:
                                     type(e).__name__, e)
                         v = _RunEagerly(self.gm)
                     self._variants[key] = v
-        return v, tensors
+        return v, inputs
 
     def __call__(self, *args: Any) -> Any:
-        v, tensors = self._key_and_build(args, first=False)
+        v, inputs = self._key_and_build(args, first=False)
         if isinstance(v, _RunEagerly):
             return v.gm(*args)
-        return v(tensors)
+        guards = v.size_guards
+        if guards is not None and not guards(inputs):
+            self._guard_failed(v, inputs)
+            return self.gm(*args)
+        return v(inputs)
+
+    def _guard_failed(self, v: Any, inputs: Sequence[Any]) -> None:
+        if not self._warned_guard:
+            self._warned_guard = True
+            vals = dict(zip(map(str, v.size_guards.binder.symbols),
+                            v.size_guards.binder.values(inputs)))
+            log.warning("ember: a size guard added while AOT autograd traced this graph fails "
+                        "for sizes %s (guards: %s); running the captured graph eagerly for "
+                        "such calls", vals,
+                        ", ".join(f"{g} ({src})" for g, src in zip(v.size_guards.guards,
+                                                                  v.size_guards.sources)))
 
     # -- building ------------------------------------------------------------------------
     def _graph_fn(self, args: Sequence[Any]) -> torch.fx.GraphModule | Callable[..., Any]:
-        if len(self.tensor_idx) == len(args):
+        if len(self.input_idx) == len(args):
             return self.gm
         consts = list(args)
-        tensor_idx = self.tensor_idx
+        input_idx = self.input_idx
 
-        def only_tensors(*ts: Any) -> Any:  # non-tensor inputs are baked in as constants
+        def only_inputs(*ts: Any) -> Any:  # other inputs are baked in as constants
             full = list(consts)
-            for i, t in zip(tensor_idx, ts):
+            for i, t in zip(input_idx, ts):
                 full[i] = t
             return self.gm(*full)
 
-        return only_tensors  # type: ignore[return-value]
+        return only_inputs  # type: ignore[return-value]
 
     def _context(self, kind: str, inputs: list[Any]) -> Any:
         if self.context is None:
@@ -136,10 +200,14 @@ class AOTCompiled:
         return self.context.derive(graph_id=gid, kind=kind, inputs=tuple(inputs))
 
     def _primal_infos(self) -> list[Any]:
-        """The torch-level InputInfos of the tensor inputs (the ATen graphs' primals)."""
+        """The torch-level InputInfos of the ATen graphs' primals (tensor and size inputs)."""
         if self.context is None:
             return []
-        return [self.context.inputs[i] for i in self.tensor_idx]
+        return [self.context.inputs[i] for i in self.input_idx]
+
+    def _primal_names(self) -> list[str]:
+        return readable_names(self._primal_infos(),
+                              [self._placeholder_names[i] for i in self.input_idx])
 
     def _compile(self, gm: torch.fx.GraphModule, example: list[Any],
                  context: Any = None) -> Callable[..., Any]:
@@ -152,40 +220,60 @@ class AOTCompiled:
                             "ATen graph, expected a callable")
         return fn
 
-    def _build(self, key: Any, args: Sequence[Any], tensors: list[torch.Tensor]) -> Any:
+    def _build(self, key: Any, args: Sequence[Any], inputs: list[Any]) -> Any:
+        watch = ShapeEnvWatch(self.fake_mode.shape_env) if self.dynamic else None
         try:
-            return self._build_variant(key, args, tensors)
+            runtime = self._build_variant(key, args, inputs, watch)
         except Exception as e:
             op = _data_dependent(e)
+            if op is None and watch is not None:
+                # the error came after an op made an unbacked symbol (nonzero, .item()): that
+                # op's result depends on tensor data, whatever failed next
+                op = watch.unbacked_description()
             if op is None:
                 raise
             where = "forward" if key == "inference" else "joint forward/backward"
+            how = ("symbolic shapes cannot express it" if self.dynamic
+                   else "AOT autograd traces static shapes")
             raise RuntimeError(
                 f"data-dependent shape or value in the {where} graph ({op}: its result depends "
-                "on tensor values); AOT autograd traces static shapes") from e
+                f"on tensor values); {how}") from e
+        return runtime
 
-    def _build_variant(self, key: Any, args: Sequence[Any], tensors: list[torch.Tensor]) -> Any:
+    def _build_variant(self, key: Any, args: Sequence[Any], inputs: list[Any],
+                       watch: ShapeEnvWatch | None) -> Any:
         t0 = time.perf_counter()
         fn = self._graph_fn(args)
         training = key != "inference"
-        rg = list(key) if training else [False] * len(tensors)
+        rg = list(key) if training else [False] * len(inputs)
+        mode, metas = self.fake_mode, self.metas
         # Every stage runs the graph, and with it its grad-mode/autocast switches: each starts
         # from the caller's state (a stage must not see the state an earlier one left).
         from ..backends import _global_state, _set_global_state
         state = _global_state()
-        info: GraphInfo = analyze(fn, tensors, rg, need_grad_info=training)
+        info: GraphInfo = analyze(fn, inputs, rg, need_grad_info=training, mode=mode,
+                                  metas=metas)
         _set_global_state(state)
         if training and any(rg[i] for i in info.meta_mutated):
             raise NotImplementedError(
                 "an in-place view op (t_, transpose_, squeeze_, as_strided_, ...) changes the "
                 "metadata of an input that requires grad; AOT autograd does not support it")
+        if self.dynamic:
+            if info.meta_mutated:
+                raise NotImplementedError(
+                    "dynamic shapes: an in-place view op (t_, transpose_, as_strided_, ...) "
+                    "changes an input's sizes or strides; AOT autograd does not support it")
+            info.geometry = _alias_geometry(info, self.binder)
         out_rg = info.graph_out_requires_grad + info.mutated_requires_grad
         if training and not any(out_rg):
             training = False  # nothing to differentiate: no joint trace needed
-        detached = [t.detach() for t in tensors]
+        detached = [t.detach() if isinstance(t, torch.Tensor) else t for t in inputs]
+        names = self._primal_names()
         if not training:
-            fw_gm = trace_forward(fn, tensors, info, self._decomps)
+            fw_gm = trace_forward(fn, inputs, info, self._decomps, mode, metas)
             _set_global_state(state)
+            fw_gm = rename_placeholders(fw_gm, names)
+            guards = self._size_guards(watch)
             self._log("inference forward", fw_gm)
             t1 = time.perf_counter()
             events.emit("timing", stage="aot", seconds=t1 - t0, graph="inference")
@@ -193,20 +281,26 @@ class AOTCompiled:
                 fw_gm, detached, self._context("inference", self._primal_infos())))
             runtime.graph = fw_gm
             runtime.backend = str(self.backend.name)
+            runtime.size_guards = guards
             return runtime
 
-        joint, n_tangents = trace_joint(fn, tensors, rg, info, self._decomps)
+        joint, n_tangents = trace_joint(fn, inputs, rg, info, self._decomps, mode, metas)
         _set_global_state(state)
+        joint = rename_placeholders(
+            joint, names + [f"tangents_{j + 1}" for j in range(n_tangents)])
+        guards = self._size_guards(watch)
         n_fwd = len(info.graph_out_flat) + len(info.mutated)
-        part = partition_joint(joint, len(tensors), n_fwd, set(info.mutated))
+        part = partition_joint(joint, len(inputs), n_fwd, set(info.mutated))
         if enabled("aot"):
             log.info("AOT joint graph:\n%s", _readable(joint))
-            log.info("AOT saved for backward (%d tensors, %d bytes): %s", part.n_saved,
-                     part.saved_bytes, ", ".join(part.saved_names))
+            log.info("AOT saved for backward (%d tensors, %d bytes; %d sizes): %s",
+                     part.n_saved, part.saved_bytes, part.n_saved_sym,
+                     ", ".join(part.saved_names))
         self._log("forward", part.fw)
         self._log("backward", part.bw)
         tangent_meta = []
-        for n in list(part.bw.graph.nodes)[part.n_saved:]:
+        n_saved_all = part.n_saved + part.n_saved_sym
+        for n in list(part.bw.graph.nodes)[n_saved_all:]:
             if n.op != "placeholder":
                 break
             v = n.meta["val"]
@@ -220,14 +314,28 @@ class AOTCompiled:
                            self._context("backward", self._backward_infos(joint, part, primals)))
         runtime = Training(info, fw, lambda: bw, rg, part.n_saved, tangent_meta,
                            part.grad_tangent_deps, part.primal_reaches,
-                           backend=str(self.backend.name))
+                           backend=str(self.backend.name), n_saved_sym=part.n_saved_sym,
+                           dynamic=self.dynamic)
         runtime.partition = part  # for inspection (tests, debugging)
+        runtime.size_guards = guards
         return runtime
+
+    def _size_guards(self, watch: ShapeEnvWatch | None) -> Any:
+        """After tracing: no new symbols (else a data-dependent size), and a check of the guards
+        tracing added (see :class:`ember.aot.symbolic.GuardCheck`)."""
+        if watch is None:
+            return None
+        watch.check_no_new_symbols()
+        new = watch.new_guards()
+        if new:
+            log.debug("AOT autograd's tracing added size guards: %s",
+                      ", ".join(str(g.expr) for g in new))
+        return guard_check(self.binder, new)
 
     def _backward_infos(self, joint: torch.fx.GraphModule, part: Any,
                         primals: list[Any]) -> list[Any]:
-        """Saved values (a primal saved as is keeps its InputInfo; others are activations),
-        then tangents."""
+        """Saved values (a primal saved as is keeps its InputInfo; others are activations, or
+        sizes), then tangents."""
         if self.context is None:
             return []
         from ..context import InputInfo
@@ -240,6 +348,8 @@ class AOTCompiled:
                 break
             if len(out) < part.n_saved:
                 out.append(by_name.get(n.name) or InputInfo("activation", "", False))
+            elif len(out) < part.n_saved + part.n_saved_sym:
+                out.append(by_name.get(n.name) or InputInfo("symint", "", False))
             else:
                 out.append(InputInfo("tangent", "", False))
         return out
@@ -247,6 +357,28 @@ class AOTCompiled:
     def _log(self, what: str, gm: torch.fx.GraphModule) -> None:
         if enabled("aot"):
             log.info("AOT %s graph:\n%s", what, _readable(gm))
+
+
+def _alias_geometry(info: GraphInfo, binder: Any) -> Any:
+    """``inputs -> {output position: (size, stride, offset)}`` for the outputs that alias an
+    input or another output and are regenerated as views (None when there are none)."""
+    slots: list[tuple[int, int, int]] = []  # (output position, rank, start in exprs)
+    exprs: list[Any] = []
+    for k, o in enumerate(info.outputs):
+        if o.kind in ("input_alias", "output_alias") and not o.same:
+            slots.append((k, len(o.size), len(exprs)))
+            exprs.extend(o.size)
+            exprs.extend(o.stride)
+            exprs.append(o.offset)
+    if not slots:
+        return None
+    ev = SizeExprs(binder, exprs)
+
+    def geometry(inputs: Sequence[Any]) -> dict[int, tuple[tuple[int, ...], tuple[int, ...], int]]:
+        vals = ev(inputs)
+        return {k: (vals[s:s + r], vals[s + r:s + 2 * r], vals[s + 2 * r]) for k, r, s in slots}
+
+    return geometry
 
 
 def aot_compile(gm: torch.fx.GraphModule, example_inputs: list[Any], *, backend: Any,

@@ -62,8 +62,22 @@ def is_recomputable(n: fx.Node) -> bool:
 
 def _tensor_bytes(v: Any) -> int | None:
     if isinstance(v, torch.Tensor):
-        return max(1, v.numel() * v.element_size())
+        return max(1, _hint(v.numel() * v.element_size()))
     return None
+
+
+def _hint(v: Any) -> int:
+    """A size as an int: a symbolic one by its example value (no guard added)."""
+    if isinstance(v, torch.SymInt):
+        from .symbolic import hint
+
+        return int(hint(v))
+    return int(v)
+
+
+def is_sym_node(n: fx.Node) -> bool:
+    """A node whose value is a SymInt/SymFloat/SymBool (a size, under dynamic shapes)."""
+    return isinstance(n.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool))
 
 
 def saved_bytes(nodes: list[fx.Node]) -> int:
@@ -72,9 +86,11 @@ def saved_bytes(nodes: list[fx.Node]) -> int:
 
 @dataclasses.dataclass
 class Partition:
-    fw: fx.GraphModule  # inputs: primals; outputs: forward outputs, then saved values
-    bw: fx.GraphModule  # inputs: saved values, then tangents; outputs: gradients
-    n_saved: int
+    # inputs: primals; outputs: forward outputs, then saved tensors, then saved sizes (SymInts)
+    fw: fx.GraphModule
+    # inputs: saved tensors, then saved sizes, then tangents; outputs: gradients
+    bw: fx.GraphModule
+    n_saved: int  # saved tensors
     saved_names: list[str]
     saved_bytes: int
     # per gradient output: the tangent positions it depends on (all None -> gradient is None)
@@ -83,6 +99,9 @@ class Partition:
     # depends on no tangent at all (a zeros tensor: angle or sgn of a real input, the gradient of
     # copysign's sign argument) exists in eager as soon as one of these outputs gets a gradient.
     primal_reaches: list[frozenset[int]] = dataclasses.field(default_factory=list)
+    # dynamic shapes: sizes (SymInts) the backward reads, returned by the forward after the
+    # saved tensors as ints (never recomputed in the backward from a tensor it does not have)
+    n_saved_sym: int = 0
 
 
 class _FlowGraph:
@@ -201,6 +220,8 @@ def partition_joint(joint: fx.GraphModule, n_primals: int, n_fwd_outs: int,
             if n.op in ("output", "get_attr") or n in tangent_dep:
                 continue  # constants (get_attr) are available to both graphs for free
             nb = _tensor_bytes(n.meta.get("val"))
+            if nb is None and is_sym_node(n):
+                nb = 1  # a size costs next to nothing to save (never recomputed: not cheap)
             fg.add(f"{n.name}_in", f"{n.name}_out", nb if nb is not None else INF)
             # Inputs and expensive/random ops exist in the forward; a cheap op the forward needs
             # may still be recomputed in the backward from what is saved.
@@ -218,13 +239,18 @@ def partition_joint(joint: fx.GraphModule, n_primals: int, n_fwd_outs: int,
             if fg.idx[f"{n.name}_in"] in reach and fg.idx[f"{n.name}_out"] not in reach:
                 saved.append(n)
         saved.sort(key=order.__getitem__)
+    # saved sizes go after the saved tensors (the runtime keeps them apart: autograd saves
+    # tensors only)
+    saved_sym = [n for n in saved if is_sym_node(n)]
+    saved = [n for n in saved if not is_sym_node(n)] + saved_sym
 
     fw = _build_forward(joint, primals, fwd_outs, saved, tangent_dep, mutated_primals)
     bw = _build_backward(joint, saved, tangents, grad_outs)
     grad_deps = [deps.get(o, frozenset()) if isinstance(o, fx.Node) else frozenset()
                  for o in grad_outs]
-    return Partition(fw, bw, len(saved), [n.name for n in saved], saved_bytes(saved), grad_deps,
-                     _primal_reaches(g, primals, fwd_outs, tangent_dep))
+    return Partition(fw, bw, len(saved) - len(saved_sym), [n.name for n in saved],
+                     saved_bytes(saved), grad_deps,
+                     _primal_reaches(g, primals, fwd_outs, tangent_dep), len(saved_sym))
 
 
 def _primal_reaches(g: fx.Graph, primals: list[fx.Node], fwd_outs: list[Any],
@@ -246,6 +272,8 @@ def _primal_reaches(g: fx.Graph, primals: list[fx.Node], fwd_outs: list[Any],
 def _differentiable(n: fx.Node) -> bool:
     """Whether gradients can flow through ``n``'s value (integer and bool results, such as argmax
     indices or masks, carry none)."""
+    if is_sym_node(n):  # a size: no gradient flows through it
+        return False
     vals = [v for v in _flat_vals(n.meta.get("val")) if isinstance(v, torch.Tensor)]
     return not vals or any(v.is_floating_point() or v.is_complex() for v in vals)
 

@@ -29,33 +29,41 @@ class DoubleBackwardError(EmberError):
     """Raised when a graph compiled by Ember's AOT autograd is differentiated twice."""
 
 
-def _regenerate(info: GraphInfo, inputs: Sequence[torch.Tensor],
-                graph_outs: Sequence[torch.Tensor]) -> Any:
+def _regenerate(info: GraphInfo, inputs: Sequence[Any], graph_outs: Sequence[Any]) -> Any:
     flat: list[Any] = []
-    for o in info.outputs:
+    # dynamic shapes: the aliases' geometry evaluated for this call's sizes
+    geo = info.geometry(inputs) if info.geometry is not None else None
+    for k, o in enumerate(info.outputs):
         if o.kind == "graph":
             flat.append(graph_outs[o.index])
         elif o.kind == "input_alias":
             base = inputs[o.index]
-            flat.append(base if o.same else view_of(base, o.size, o.stride, o.offset, o.dtype))
+            size, stride, offset = geo[k] if geo is not None else (o.size, o.stride, o.offset)
+            flat.append(base if o.same else view_of(base, size, stride, offset, o.dtype))
         elif o.kind == "output_alias":
             base = flat[o.index]
             if o.same:
                 flat.append(base)
             else:
-                nbytes = base.storage_offset() * base.element_size() + o.offset
+                size, stride, offset = geo[k] if geo is not None else (o.size, o.stride,
+                                                                         o.offset)
+                nbytes = base.storage_offset() * base.element_size() + offset
                 itemsize = _itemsize(o.dtype or base.dtype)
-                flat.append(view_of(base, o.size, o.stride, nbytes // itemsize, o.dtype))
+                flat.append(view_of(base, size, stride, nbytes // itemsize, o.dtype))
         else:
             flat.append(o.value)
     return pytree.tree_unflatten(flat, info.out_spec)
 
 
-def check_outputs(outs: Any, n: int, backend: str, graph: str, none_ok: bool = False) -> None:
+def check_outputs(outs: Any, n: int, backend: str, graph: str, none_ok: bool = False,
+                  ints: frozenset[int] = frozenset()) -> None:
     """A compiled ATen graph must return a tuple/list of ``n`` tensors (checked on its first call):
-    anything else would be indexed into a wrong answer or a bare IndexError."""
+    anything else would be indexed into a wrong answer or a bare IndexError. Positions in ``ints``
+    are sizes (dynamic shapes): an int (or float/bool) there."""
     ok = isinstance(outs, (tuple, list)) and len(outs) == n and all(
-        isinstance(o, torch.Tensor) or (none_ok and o is None) for o in outs)
+        isinstance(o, torch.Tensor) or (none_ok and o is None)
+        or (k in ints and isinstance(o, (int, float, bool, torch.SymInt)))
+        for k, o in enumerate(outs))
     if not ok:
         what = (f"{type(outs).__name__} of {len(outs)}: "
                 f"[{', '.join(type(o).__name__ for o in list(outs)[:8])}]"
@@ -122,13 +130,16 @@ class ForwardOnly:
     graph: Any = None  # the functional ATen forward graph (for inspection)
     backend: str = "?"
     checked: bool = False
+    # dynamic shapes: guards AOT's tracing added (checked by AOTCompiled before each call)
+    size_guards: Any = None
 
     def __call__(self, inputs: Sequence[torch.Tensor]) -> Any:
         with _no_autocast():
             outs = self.fw(*inputs)
         n = len(self.info.graph_out_flat)
         if not self.checked:
-            check_outputs(outs, n + len(self.info.mutated), self.backend, "inference")
+            check_outputs(outs, n + len(self.info.mutated), self.backend, "inference",
+                          ints=self.info.graph_out_sym)
             self.checked = True
         if self.info.meta_mutated:  # first: the new values have the new shapes
             _apply_metadata(self.info, inputs)
@@ -142,16 +153,23 @@ class Training:
     def __init__(self, info: GraphInfo, fw: Callable[..., Any], bw_compile: Callable[..., Any],
                  requires_grad: Sequence[bool], n_saved: int, tangent_meta: list[Any],
                  grad_deps: Sequence[frozenset[int]],
-                 primal_reaches: Sequence[frozenset[int]] | None = None, backend: str = "?"):
+                 primal_reaches: Sequence[frozenset[int]] | None = None, backend: str = "?",
+                 n_saved_sym: int = 0, dynamic: bool = False):
         self.info = info
         self.backend = backend
         self._fw_checked = self._bw_checked = False
         self.partition: Any = None  # the Partition (forward/backward graphs), for inspection
+        self.size_guards: Any = None  # dynamic shapes: see ForwardOnly.size_guards
         n_user = len(info.graph_out_flat)
         self.n_fwd = n_user + len(info.mutated)
         out_rg = list(info.graph_out_requires_grad) + list(info.mutated_requires_grad)
         self.diff_outs = [k for k, rg in enumerate(out_rg) if rg]
-        self.nondiff_outs = [k for k, rg in enumerate(out_rg) if not rg]
+        self.nondiff_outs = [k for k, rg in enumerate(out_rg)
+                             if not rg and k not in info.graph_out_sym]
+        n_saved_all = n_saved + n_saved_sym
+        # forward outputs that are ints: sizes the user gets, sizes saved for the backward
+        int_outs = frozenset(info.graph_out_sym) | frozenset(
+            range(self.n_fwd + n_saved, self.n_fwd + n_saved_all))
         self.rg_idx = [i for i, r in enumerate(requires_grad) if r]
         n_inputs = len(requires_grad)
         runtime = self
@@ -173,10 +191,16 @@ class Training:
                 with _no_autocast():
                     outs = fw(*inputs)
                 if not runtime._fw_checked:
-                    check_outputs(outs, runtime.n_fwd + n_saved, runtime.backend, "forward")
+                    check_outputs(outs, runtime.n_fwd + n_saved_all, runtime.backend,
+                                  "forward", ints=int_outs)
                     runtime._fw_checked = True
                 fwd, saved = outs[:runtime.n_fwd], outs[runtime.n_fwd:runtime.n_fwd + n_saved]
                 ctx.save_for_backward(*saved)
+                if n_saved_sym:
+                    ctx.saved_sizes = tuple(outs[runtime.n_fwd + n_saved:
+                                                 runtime.n_fwd + n_saved_all])
+                if dynamic:  # the tangents' sizes, for gradients that do not come
+                    ctx.out_shapes = [fwd[k].shape for k in runtime.diff_outs]
                 ctx.set_materialize_grads(False)
                 ctx.mark_non_differentiable(*[fwd[k] for k in runtime.nondiff_outs])
                 return tuple(fwd)
@@ -195,20 +219,23 @@ class Training:
                 for j, (k, meta) in enumerate(zip(runtime.diff_outs, tangent_meta)):
                     g = grads[k]
                     if g is None:  # output unused in the loss
-                        g = torch.zeros(meta[0], dtype=meta[2], device=meta[3])
+                        shape = ctx.out_shapes[j] if dynamic else meta[0]
+                        g = torch.zeros(shape, dtype=meta[2], device=meta[3])
                     else:
                         present.add(j)
                         if g.layout != torch.strided:  # a sparse gradient (to_dense's backward)
                             g = g.to_dense()
-                        if g.stride() != meta[1] or g.dtype != meta[2]:
-                            g = g.to(meta[2]).contiguous()  # traced tangents are contiguous
+                        # traced tangents are contiguous (symbolic strides: checked as such)
+                        if g.dtype != meta[2] or (not g.is_contiguous() if dynamic
+                                                  else g.stride() != meta[1]):
+                            g = g.to(meta[2]).contiguous()
                     tangents.append(g)
                 if not present:
                     return (None,) * n_inputs
                 if runtime._bw is None:
                     runtime._bw = runtime._bw_compile()
                 with _no_autocast():
-                    gin = runtime._bw(*saved, *tangents)
+                    gin = runtime._bw(*saved, *getattr(ctx, "saved_sizes", ()), *tangents)
                 if not runtime._bw_checked:
                     check_outputs(gin, len(runtime.rg_idx), runtime.backend, "backward",
                                   none_ok=True)

@@ -50,8 +50,8 @@ def _user_tensors(gm: torch.fx.GraphModule, xs: Sequence[torch.Tensor]) -> list[
     return flat
 
 
-def _functionalize(g1: torch.fx.GraphModule, fakes: Sequence[torch.Tensor], mode: FakeTensorMode,
-                   decomps: Mapping[Any, Any]) -> torch.fx.GraphModule:
+def _functionalize(g1: torch.fx.GraphModule, fakes: Sequence[Any], mode: FakeTensorMode,
+                   decomps: Mapping[Any, Any], symbolic: bool = False) -> torch.fx.GraphModule:
     def replay(*args: Any) -> Any:
         # g1 already holds the casts autocast made in pass 1: replaying it under an active
         # autocast would cast again (and ignore regions the program ran with autocast off).
@@ -60,9 +60,20 @@ def _functionalize(g1: torch.fx.GraphModule, fakes: Sequence[torch.Tensor], mode
 
     fn = torch.func.functionalize(replay, remove="mutations")
     with mode:
-        g2 = make_fx(fn, decomposition_table=dict(decomps))(*fakes)
+        g2 = _make_fx(fn, decomps, symbolic)(*fakes)
     _cleanup(g2)
     return g2
+
+
+def _make_fx(fn: Callable[..., Any], decomps: Mapping[Any, Any],
+             symbolic: bool) -> Callable[..., torch.fx.GraphModule]:
+    """make_fx; ``symbolic``: the inputs are capture's symbolic fakes and SymInts, and make_fx
+    takes their FakeTensorMode and ShapeEnv from them (it makes no symbols of its own: it only
+    makes one for a plain int argument, and we pass none). Sizes then appear as
+    ``aten.sym_size.int`` nodes and SymInt arithmetic as ``operator``/``torch.sym_*`` nodes."""
+    if symbolic:
+        return make_fx(fn, decomposition_table=dict(decomps), tracing_mode="symbolic")
+    return make_fx(fn, decomposition_table=dict(decomps))
 
 
 def _cleanup(gm: torch.fx.GraphModule) -> None:
@@ -97,12 +108,23 @@ def _is_output(n: torch.fx.Node) -> bool:
     return any(u.op == "output" for u in n.users)
 
 
-def trace_forward(gm: torch.fx.GraphModule, tensors: Sequence[torch.Tensor], info: GraphInfo,
-                  decomps: Mapping[Any, Any]) -> torch.fx.GraphModule:
-    """Functional ATen forward graph: inputs = the tensor inputs; outputs = the user outputs that
-    are not aliases, then the new values of mutated inputs."""
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-    fakes = fakeify(mode, tensors)
+def _detach(v: Any) -> Any:
+    return v.detach() if isinstance(v, torch.Tensor) else v
+
+
+def trace_forward(gm: Any, tensors: Sequence[Any], info: GraphInfo, decomps: Mapping[Any, Any],
+                  mode: FakeTensorMode | None = None,
+                  metas: Sequence[Any] | None = None) -> torch.fx.GraphModule:
+    """Functional ATen forward graph: inputs = the graph inputs (tensors; SymInts too under
+    dynamic shapes); outputs = the user outputs that are not aliases, then the new values of
+    mutated inputs.
+
+    Dynamic shapes: ``mode`` is capture's FakeTensorMode and ``metas`` the inputs' symbolic
+    ``meta["val"]``s; the trace uses them (and their ShapeEnv) instead of fresh static fakes."""
+    symbolic = metas is not None
+    if mode is None:
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fakes = fakeify(mode, tensors, None, metas)
     table = {**base_decompositions(), **decomps}
 
     def fwd(*xs: Any) -> list[Any]:
@@ -110,26 +132,30 @@ def trace_forward(gm: torch.fx.GraphModule, tensors: Sequence[torch.Tensor], inf
         return [flat[k] for k in info.graph_out_flat] + [xs[i] for i in info.mutated]
 
     with mode, torch.no_grad():
-        g1 = make_fx(fwd, decomposition_table=table)(*fakes)
+        g1 = _make_fx(fwd, table, symbolic)(*fakes)
     with torch.no_grad():
-        return _functionalize(g1, fakes, mode, table)
+        return _functionalize(g1, fakes, mode, table, symbolic)
 
 
-def trace_joint(gm: torch.fx.GraphModule, tensors: Sequence[torch.Tensor],
-                requires_grad: Sequence[bool], info: GraphInfo,
-                decomps: Mapping[Any, Any]) -> tuple[torch.fx.GraphModule, int]:
+def trace_joint(gm: Any, tensors: Sequence[Any], requires_grad: Sequence[bool], info: GraphInfo,
+                decomps: Mapping[Any, Any], mode: FakeTensorMode | None = None,
+                metas: Sequence[Any] | None = None) -> tuple[torch.fx.GraphModule, int]:
     """Functional ATen joint graph.
 
-    Inputs: the tensor inputs (primals), then one tangent per forward output that requires grad.
+    Inputs: the graph inputs (primals), then one tangent per forward output that requires grad.
     Outputs: the forward outputs (user outputs that are not aliases, then mutated inputs' new
     values), then one gradient (or None) per input that requires grad.
-    Returns the graph and the number of tangents.
+    Returns the graph and the number of tangents. ``mode``/``metas``: as for
+    :func:`trace_forward`.
     """
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-    fakes = fakeify(mode, tensors, requires_grad)
+    symbolic = metas is not None
+    if mode is None:
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fakes = fakeify(mode, tensors, requires_grad, metas)
     out_rg = list(info.graph_out_requires_grad) + list(info.mutated_requires_grad)
     with mode:
         fwd_fakes = _fake_outputs(gm, fakes, info)
+        # tangents are contiguous, with the outputs' (symbolic) sizes
         tangents = [torch.empty(o.shape, dtype=o.dtype, device=o.device)
                     for o, rg in zip(fwd_fakes, out_rg) if rg]
     n_primals = len(fakes)
@@ -152,18 +178,17 @@ def trace_joint(gm: torch.fx.GraphModule, tensors: Sequence[torch.Tensor],
 
     all_fakes = list(fakes) + tangents
     with mode:
-        g1 = make_fx(joint, decomposition_table=table)(*all_fakes)
+        g1 = _make_fx(joint, table, symbolic)(*all_fakes)
     # Pass 2 replays the recorded ATen ops: no autograd needed, inputs need not require grad.
-    plain = [t.detach() for t in all_fakes]
+    plain = [_detach(t) for t in all_fakes]
     with torch.no_grad():
-        g2 = _functionalize(g1, plain, mode, table)
+        g2 = _functionalize(g1, plain, mode, table, symbolic)
     return g2, len(tangents)
 
 
-def _fake_outputs(gm: torch.fx.GraphModule, fakes: Sequence[torch.Tensor],
-                  info: GraphInfo) -> list[torch.Tensor]:
+def _fake_outputs(gm: Any, fakes: Sequence[Any], info: GraphInfo) -> list[Any]:
     with torch.no_grad():
-        xs = [f.detach() for f in fakes]
+        xs = [_detach(f) for f in fakes]
         flat = _user_tensors(gm, xs)
         return [flat[k] for k in info.graph_out_flat] + [xs[i] for i in info.mutated]
 

@@ -1,0 +1,226 @@
+"""Symbolic sizes in AOT autograd: reading symbols back from real inputs, evaluating size
+expressions and checking the guards AOT's own tracing added.
+
+Under dynamic shapes the graph's placeholders carry symbolic FakeTensors and SymInts made by
+capture in one ``FakeTensorMode`` / ``ShapeEnv``. AOT traces with exactly those values (no new
+symbols). What the runtime needs as concrete numbers (the geometry of an output that is a view of
+an input, a guard a decomposition added) is a sympy expression over those symbols, evaluated from
+the real inputs of each call: every symbol is bound to the place it was read from (a size, a
+stride or a storage offset of a tensor input, or an int input).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Sequence
+
+import sympy
+import torch
+
+__all__ = ["SymbolBinder", "ShapeEnvWatch", "is_sym", "hint", "expr_of", "to_hint"]
+
+log = logging.getLogger("ember.aot")
+
+_SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+def is_sym(v: Any) -> bool:
+    return isinstance(v, _SYM_TYPES)
+
+
+def hint(v: Any) -> Any:
+    """The example value of a SymInt (the value its symbols had when capture made them), read
+    without adding a guard; plain values are returned as they are."""
+    if isinstance(v, _SYM_TYPES):
+        node = v.node
+        h = node.hint
+        if h is None:
+            h = node.shape_env.size_hint(node.expr, allow_none=True)
+        if h is None:
+            raise RuntimeError(f"symbolic value {v} has no example value (a data-dependent size)")
+        return type(h)(h) if not isinstance(h, _SYM_TYPES) else hint(h)
+    return v
+
+
+def to_hint(values: Sequence[Any]) -> tuple[Any, ...]:
+    return tuple(hint(v) for v in values)
+
+
+def expr_of(v: Any) -> Any:
+    """A SymInt's sympy expression (replacements applied); a plain int as is."""
+    if isinstance(v, _SYM_TYPES):
+        return v.node.expr
+    return v
+
+
+class SymbolBinder:
+    """Where each symbol of a graph's inputs is read from at run time, and evaluation of size
+    expressions over them, cached per distinct tuple of symbol values."""
+
+    def __init__(self, metas: Sequence[Any]):
+        self.places: dict[sympy.Symbol, tuple[str, int, int]] = {}
+        for i, v in enumerate(metas):
+            if isinstance(v, torch.SymInt):
+                self._bind(v, ("int", i, 0))
+            elif isinstance(v, torch.Tensor):
+                for d, s in enumerate(v.size()):
+                    self._bind(s, ("size", i, d))
+                for d, s in enumerate(v.stride()):
+                    self._bind(s, ("stride", i, d))
+                self._bind(v.storage_offset(), ("offset", i, 0))
+        self.symbols = tuple(self.places)
+
+    def _bind(self, v: Any, place: tuple[str, int, int]) -> None:
+        if not isinstance(v, torch.SymInt):
+            return
+        # the raw symbol (before any replacement the ShapeEnv made later) and the replaced one:
+        # an expression may mention either, and at run time both are read from this input
+        for e in (getattr(v.node, "_expr", None), v.node.expr):
+            if isinstance(e, sympy.Symbol) and e not in self.places:
+                self.places[e] = place
+
+    def covers(self, expr: Any) -> bool:
+        return not isinstance(expr, sympy.Basic) or expr.free_symbols <= set(self.places)
+
+    def values(self, inputs: Sequence[Any]) -> tuple[int, ...]:
+        out = []
+        for kind, i, d in self.places.values():
+            x = inputs[i]
+            if kind == "int":
+                out.append(int(x))
+            elif kind == "size":
+                out.append(x.size(d))
+            elif kind == "stride":
+                out.append(x.stride(d))
+            else:
+                out.append(x.storage_offset())
+        return tuple(out)
+
+    def substitute(self, values: tuple[int, ...]) -> dict[sympy.Symbol, sympy.Integer]:
+        return {s: sympy.Integer(v) for s, v in zip(self.symbols, values)}
+
+
+class SizeExprs:
+    """A fixed list of size expressions (ints or sympy expressions over a binder's symbols),
+    evaluated to ints for the symbol values of a call; cached per distinct values."""
+
+    _MAX_CACHE = 256
+
+    def __init__(self, binder: SymbolBinder, exprs: Sequence[Any]):
+        for e in exprs:
+            if not binder.covers(e):
+                raise NotImplementedError(
+                    f"size expression {e} uses symbols that no graph input carries")
+        self.binder = binder
+        self.exprs = tuple(exprs)
+        self.static = all(not isinstance(e, sympy.Basic) or e.is_number for e in self.exprs)
+        self._cache: dict[tuple[int, ...], tuple[int, ...]] = {}
+
+    def __call__(self, inputs: Sequence[Any]) -> tuple[int, ...]:
+        if self.static:
+            return tuple(int(e) for e in self.exprs)
+        vals = self.binder.values(inputs)
+        r = self._cache.get(vals)
+        if r is None:
+            subs = self.binder.substitute(vals)
+            r = tuple(int(e.xreplace(subs)) if isinstance(e, sympy.Basic) else int(e)
+                      for e in self.exprs)
+            if len(self._cache) >= self._MAX_CACHE:
+                self._cache.clear()
+            self._cache[vals] = r
+        return r
+
+
+@dataclasses.dataclass
+class GuardCheck:
+    """Guards on sizes that AOT autograd's tracing added to the ShapeEnv (a decomposition or a
+    meta function branching on a size): the compiled graphs are valid only where they hold.
+    Capture may not have seen them (a variant traced at call time, after capture wrote its
+    guards), so the runtime checks them on each call; a call where one fails runs eagerly."""
+
+    binder: SymbolBinder
+    guards: list[Any]  # sympy booleans
+    sources: list[str]
+
+    def __post_init__(self) -> None:
+        self._cache: dict[tuple[int, ...], bool] = {}
+
+    def __call__(self, inputs: Sequence[Any]) -> bool:
+        vals = self.binder.values(inputs)
+        ok = self._cache.get(vals)
+        if ok is None:
+            subs = self.binder.substitute(vals)
+            ok = True
+            for g in self.guards:
+                try:
+                    r = g.xreplace(subs)
+                    ok = bool(r) if r in (sympy.true, sympy.false) or isinstance(r, bool) else False
+                except TypeError:
+                    ok = False
+                if not ok:
+                    break
+            if len(self._cache) >= 256:
+                self._cache.clear()
+            self._cache[vals] = ok
+        return ok
+
+
+class ShapeEnvWatch:
+    """What AOT's tracing did to the shared ShapeEnv: guards it added and symbols it created
+    (a fresh unbacked symbol means a data-dependent size or value: ``nonzero``, ``.item()``)."""
+
+    def __init__(self, shape_env: Any):
+        self.env = shape_env
+        self.n_guards = len(shape_env.guards)
+        self.symbols = set(shape_env.var_to_range)
+
+    def new_symbols(self) -> list[sympy.Symbol]:
+        return [s for s in self.env.var_to_range if s not in self.symbols]
+
+    def new_guards(self) -> list[Any]:
+        return list(self.env.guards[self.n_guards:])
+
+    def new_unbacked(self) -> list[sympy.Symbol]:
+        from torch.utils._sympy.symbol import SymT, symbol_is_type
+
+        return [s for s in self.new_symbols()
+                if symbol_is_type(s, (SymT.UNBACKED_INT, SymT.UNBACKED_FLOAT))]
+
+    def unbacked_description(self) -> str | None:
+        unbacked = self.new_unbacked()
+        if not unbacked:
+            return None
+        return ("an op whose output size, or a value read from a tensor, depends on tensor "
+                f"data made the unbacked symbols {', '.join(sorted(map(str, unbacked)))}")
+
+    def check_no_new_symbols(self) -> None:
+        new = self.new_symbols()
+        if not new:
+            return
+        what = self.unbacked_description()
+        if what is not None:
+            raise DataDependentSymbols(what)
+        raise NotImplementedError(
+            f"AOT autograd's tracing created new symbols {sorted(map(str, new))}; it must use "
+            "the graph inputs' symbols only")
+
+
+class DataDependentSymbols(RuntimeError):
+    """Tracing made unbacked symbols: a size or value that depends on tensor data."""
+
+
+def guard_check(binder: SymbolBinder, guards: Sequence[Any]) -> GuardCheck | None:
+    """A :class:`GuardCheck` for ShapeGuards ``guards`` (None when there are none)."""
+    exprs = [g.expr for g in guards]
+    if not exprs:
+        return None
+    for e in exprs:
+        if not binder.covers(e):
+            raise NotImplementedError(
+                f"a guard AOT autograd's tracing added ({e}) uses symbols no graph input carries")
+    srcs = []
+    for g in guards:
+        sloc = getattr(g, "sloc", None)
+        srcs.append(str(sloc) if sloc is not None else "")
+    return GuardCheck(binder, exprs, srcs)
