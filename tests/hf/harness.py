@@ -28,8 +28,20 @@ from benchmarks.accuracy import compare  # noqa: E402
 
 from . import models  # noqa: E402
 
-#: EMBER_HF_ORACLE points at another file (a regen on another torch version, a shard of one)
-ORACLE = Path(os.environ.get("EMBER_HF_ORACLE") or Path(__file__).with_name("oracle.json"))
+
+def _oracle_path() -> Path:
+    """torch.compile's counts differ between torch versions (and the transformers that comes
+    with them): ``oracle-<major.minor>.json`` holds another torch's, made on the machine that has
+    it (scripts/device_validate.sh); ``oracle.json`` this machine's. EMBER_HF_ORACLE overrides
+    (a regen on another torch version, a shard of one)."""
+    if os.environ.get("EMBER_HF_ORACLE"):
+        return Path(os.environ["EMBER_HF_ORACLE"])
+    here = Path(__file__).parent
+    versioned = here / f"oracle-{'.'.join(torch.__version__.split('.')[:2])}.json"
+    return versioned if versioned.exists() else here / "oracle.json"
+
+
+ORACLE = _oracle_path()
 
 
 def _no_randomness(cfg: Any) -> None:
