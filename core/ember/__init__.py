@@ -12,7 +12,6 @@ from ._logging import set_logs
 from .api import OptimizedModule, compile, disable, is_compiling, reset
 from .api import captures, last_capture
 from .api import mark_dynamic, mark_static
-from .capture.symbolic import DynamicShapeError
 from .context import CompileContext
 from .exc import (BackendCompilerFailed, BackendConflict, BackendLoadError, BackendNotFound,
                   EmberError, GraphBreakError, InferenceOnlyBackend, NotImplementedYet,
@@ -45,3 +44,13 @@ def explain(fn, **compile_kwargs):  # noqa: ANN001, ANN201
     from .capture.explain import explain as _explain
 
     return _explain(fn, **compile_kwargs)
+
+
+def __getattr__(name: str):  # noqa: ANN202
+    # DynamicShapeError lives with symbolic shapes (sympy, ShapeEnv): imported on first use, so
+    # that ``import ember`` (and loading a precompiled artifact) does not pay for them.
+    if name == "DynamicShapeError":
+        from .capture.symbolic import DynamicShapeError
+
+        return DynamicShapeError
+    raise AttributeError(f"module 'ember' has no attribute {name!r}")

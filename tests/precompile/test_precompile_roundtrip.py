@@ -208,3 +208,24 @@ def test_training_step_with_backward_inside(tmp_path):
         torch.testing.assert_close(fn(a, x, y), step(b, x, y))
         for (n, p), q in zip(a.named_parameters(), b.parameters()):
             torch.testing.assert_close(p.grad, q.grad, msg=n)
+
+
+def test_loading_imports_no_compiler(tmp_path):
+    """A fresh process that imports ember, loads an artifact and calls it imports neither
+    capture, AOT autograd, symbolic shapes (sympy) nor the inductor compiler."""
+    d = str(tmp_path / "art")
+    lin = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    ember.precompile(lambda m, x: m(x).sum(), lin, torch.randn(2, 4)).save(d)
+    code = (
+        "import sys, torch, ember\n"
+        f"fn = ember.precompile.load({d!r})\n"
+        "lin = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())\n"
+        "fn(lin, torch.randn(2, 4)).backward()\n"
+        "bad = [m for m in ('ember.capture', 'ember.aot', 'sympy', 'ember_inductor.compile_fx',\n"
+        "       'torch.fx.experimental.symbolic_shapes', 'torch._dynamo') if m in sys.modules]\n"
+        "print('IMPORTED', bad)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EMBER_")}
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "IMPORTED []" in p.stdout, p.stdout
