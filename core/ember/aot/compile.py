@@ -242,6 +242,10 @@ class AOTCompiled:
 
     def _build_variant(self, key: Any, args: Sequence[Any], inputs: list[Any],
                        watch: ShapeEnvWatch | None) -> Any:
+        from . import cache  # on-disk AOT results: a warm start traces nothing
+        ck, hit = cache.lookup(self, key, args, inputs)
+        if hit is not None:
+            return hit
         t0 = time.perf_counter()
         fn = self._graph_fn(args)
         training = key != "inference"
@@ -273,6 +277,7 @@ class AOTCompiled:
             fw_gm = trace_forward(fn, inputs, info, self._decomps, mode, metas)
             _set_global_state(state)
             fw_gm = rename_placeholders(fw_gm, names)
+            cache.store(ck, info, fw_gm)
             guards = self._size_guards(watch)
             self._log("inference forward", fw_gm)
             t1 = time.perf_counter()
@@ -291,6 +296,7 @@ class AOTCompiled:
         guards = self._size_guards(watch)
         n_fwd = len(info.graph_out_flat) + len(info.mutated)
         part = partition_joint(joint, len(inputs), n_fwd, set(info.mutated))
+        cache.store(ck, info, part.fw, part)
         if enabled("aot"):
             log.info("AOT joint graph:\n%s", _readable(joint))
             log.info("AOT saved for backward (%d tensors, %d bytes; %d sizes): %s",
