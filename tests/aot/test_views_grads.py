@@ -3,6 +3,8 @@ outputs keep their dtype and aliasing; gradients eager gives as zeros are zeros,
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -73,7 +75,13 @@ def test_zero_gradients_are_tensors(name):
     base = [torch.randn(5) for _ in range(n)]
     xe = [b.clone().requires_grad_(True) for b in base]
     xc = [b.clone().requires_grad_(True) for b in base]
-    e, c = fn(*xe), _compile(fn)(*xc)
+    try:
+        e = fn(*xe)
+    except NotImplementedError as err:  # this torch has no derivative for it (2.11: nextafter)
+        with pytest.raises(Exception, match=re.escape(str(err).splitlines()[0][:60])):
+            _compile(fn)(*xc)
+        return
+    c = _compile(fn)(*xc)
     es, cs = (e, c) if isinstance(e, tuple) else ((e,), (c,))
     ge = torch.autograd.grad([o.sum() for o in es if o.requires_grad], xe, allow_unused=True)
     gc = torch.autograd.grad([o.sum() for o in cs if o.requires_grad], xc, allow_unused=True)
