@@ -4,7 +4,11 @@
 # Run there as:  bash scripts/device_validate.sh   (logs and a summary land in $OUT)
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 EMBER_CACHE_DIR=/tmp/ember-cache
+export PYTHONUNBUFFERED=1
+# test-only wheels the machine lacks (expecttest, for torch.testing._internal): carry .whl
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site; fi
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e core -e plugins/eager \
     -e plugins/aot_eager -e plugins/inductor -e plugins/cudagraphs >/tmp/install.log 2>&1 \
     || { cat /tmp/install.log; exit 1; }
