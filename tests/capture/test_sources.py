@@ -142,3 +142,11 @@ def test_guard_source_local_or_global():
         return v() if callable(v) else v
     assert gs(FC_W) is torch._guards.GuardSource.LOCAL
     assert gs(Attr(Global(NamespaceRef("___G"), "m"), "w")) is torch._guards.GuardSource.GLOBAL
+
+
+def test_equality_is_by_kind_and_expression():
+    assert GetItem(Local("x"), 1) != GetItem(Local("x"), True)  # 1 == True, but not as sources
+    assert Local("x") != NamespaceRef("x")
+    # transitional: a source equals the expression string it prints as (tables keyed by text)
+    assert Local("x") == "x" and "x" == Local("x") and Local("x") in ("y", "x")
+    assert {"self._buffers['shift']": 1}[Buffer(SELF, "shift")] == 1

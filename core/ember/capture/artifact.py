@@ -30,6 +30,16 @@ class CaptureInput:
     fetch: str
     #: the same object on every call (parameters and buffers: identity-guarded)
     stable_address: bool
+    #: the structured source (:mod:`ember.capture.sources`) that ``source`` prints
+    origin: Any = dataclasses.field(default=None, compare=False, repr=False)
+
+    @property
+    def module_path(self) -> str | None:
+        """For a parameter or buffer, its path below the module it was read from
+        (``"fc.weight"``, as ``named_parameters()`` spells it); else None."""
+        if self.origin is None or self.kind not in ("parameter", "buffer"):
+            return None
+        return self.origin.module_path()
 
 
 @dataclasses.dataclass

@@ -15,6 +15,7 @@ import torch
 
 from ..exc import Unsupported
 from . import rules
+from .sources import GetItem, ModuleChild, Param
 from .variables import (AutocastVar, BoundMethodVar, BuiltinVar, ClassVar, ConstVar,
                         ContainerMethodVar, DataclassVar, DictVar, ExitVar, FunctionVar,
                         GradModeVar, IteratorVar, ListVar, NestedFunctionVar,
@@ -625,24 +626,24 @@ def getitem(tr: Any, obj: Var, idx: Var) -> Var:
         m = obj.value
         key = idx.as_const()
         if isinstance(m, torch.nn.ModuleDict):
-            return tr.wrap(m._modules[key], f"{obj.source}._modules[{key!r}]")
+            return tr.wrap(m._modules[key], ModuleChild(obj.source, key))
         if isinstance(m, (torch.nn.Sequential, torch.nn.ModuleList)):
             keys = list(m._modules.keys())
             if isinstance(key, slice):
                 # A real slice (a new Sequential/ModuleList sharing the children), guarded on
                 # the children it holds.
                 for k in keys[key]:
-                    tr.out.guards.add(f"{obj.source}._modules[{k!r}] is "
+                    tr.out.guards.add(f"{ModuleChild(obj.source, k)} is "
                                       f"{tr.out.ns(m._modules[k], type(m._modules[k]).__name__)}")
                 return tr.wrap(m[key], None)
             k = keys[key]
-            return tr.wrap(m._modules[k], f"{obj.source}._modules[{k!r}]")
+            return tr.wrap(m._modules[k], ModuleChild(obj.source, k))
         if isinstance(m, torch.nn.ParameterList):
             keys = list(m._parameters.keys())
             k = keys[key]
-            return tr.wrap(m._parameters[k], f"{obj.source}._parameters[{k!r}]")
+            return tr.wrap(m._parameters[k], Param(obj.source, k))
         if isinstance(m, torch.nn.ParameterDict):
-            return tr.wrap(m._parameters[key], f"{obj.source}._parameters[{key!r}]")
+            return tr.wrap(m._parameters[key], Param(obj.source, key))
         gi = inspect.getattr_static(type(m), "__getitem__", None)
         if isinstance(gi, types.FunctionType):
             return tr.call(FunctionVar(gi), [obj, idx], {})
@@ -669,7 +670,7 @@ def getitem(tr: Any, obj: Var, idx: Var) -> Var:
                 val = obj.value[key]
             except Exception as e:
                 raise Unsupported(f"subscript raised {type(e).__name__}: {e}")
-            return tr.wrap(val, f"{obj.source}[{key!r}]")
+            return tr.wrap(val, GetItem(obj.source, key, paren=False))
     if isinstance(obj, ClassVar):
         # typing generics: List[int] etc.
         return tr.wrap(obj.value[idx.as_const()], None)

@@ -30,7 +30,8 @@ from ..exc import Unsupported
 from . import resume as resume_mod
 from . import artifact
 from .artifact import Capture, CaptureInput
-from .guards import function_state_guards
+from .guards import FN, function_state_guards
+from .sources import ClosureCell, Local, NamespaceRef
 from .interpreter import BreakHere, Frame, LazyVar, Tracer
 from .output import OutputGraph, Reconstructor, build_entry, entry_source
 from .variables import (BoundMethodVar, CellVar, DictVar, FunctionVar,
@@ -188,12 +189,12 @@ def _root_frame(fn: Callable[..., Any], args: tuple, kwargs: dict, tracer: Trace
     except TypeError as e:
         raise Unsupported(f"arguments do not match the signature of {code.co_name}: {e}")
     bound.apply_defaults()
-    locals_ = {name: LazyVar(value, name) for name, value in bound.arguments.items()}
+    locals_ = {name: LazyVar(value, Local(name)) for name, value in bound.arguments.items()}
     cells: dict[str, CellVar] = {}
     if fn.__closure__:
         for i, (name, cell) in enumerate(zip(code.co_freevars, fn.__closure__)):
-            cells[name] = CellVar(None, real_cell=cell, source=f"___fn.__closure__[{i}]")
-    frame = Frame(tracer, code, fn.__globals__, "___G", locals_, cells)
+            cells[name] = CellVar(None, real_cell=cell, source=ClosureCell(Local(FN), i))
+    frame = Frame(tracer, code, fn.__globals__, NamespaceRef("___G"), locals_, cells)
     for name in code.co_cellvars:
         cv = frame.cells[name].value
         if isinstance(cv, LazyVar):
@@ -339,11 +340,11 @@ def _convert(fn: Callable[..., Any], args: tuple, kwargs: dict, backend: Any,
         gm = torch.fx.GraphModule(torch.nn.Module(), graph, class_name="EmberGraph")
         gm.recompile()
         example_inputs = [value for _, _, value in used]
-        input_exprs = [out.fetch.get(source, source) for _, source, _ in used]
+        input_exprs = [str(out.fetch.get(source, source)) for _, source, _ in used]
         for _, source, _ in used:
             kind = out.input_kinds.get(source, "user")
-            inputs.append(CaptureInput(kind, source, out.fetch.get(source, source),
-                                       kind in ("parameter", "buffer")))
+            inputs.append(CaptureInput(kind, str(source), str(out.fetch.get(source, source)),
+                                       kind in ("parameter", "buffer"), origin=source))
         n_ops = sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method"))
         events.counters["stats"]["graphs"] += 1
         events.counters["stats"]["ops"] += n_ops

@@ -28,6 +28,8 @@ from .. import config
 from ..exc import Unsupported
 from . import rules
 from .output import OutputGraph
+from .sources import (Attr, Buffer, CellContents, ClosureCell, Defaults, GetItem, Global,
+                      ModuleChild, NamespaceRef, Param, Source)
 from .variables import (AutocastVar, BoundMethodVar, BuiltinVar, CellVar, ClassVar, ConstVar,
                         ContainerMethodVar, DataclassVar, DictVar, ExitVar, FunctionVar,
                         GradModeVar, IteratorVar, ListVar, NestedFunctionVar,
@@ -45,7 +47,7 @@ _NB_OPS = [op for _, op in dis._nb_ops]  # type: ignore[attr-defined]
 class LazyVar(Var):
     """A frame argument not looked at yet: wrapped (and guarded) on first use."""
 
-    def __init__(self, value: Any, source: str):
+    def __init__(self, value: Any, source: Source):
         self.value = value
         self.source = source
 
@@ -122,12 +124,12 @@ class Tracer:
     # =========================================================================================
     # Wrapping real values
     # =========================================================================================
-    def wrap(self, value: Any, source: str | None, *, guard: bool = True) -> Var:
+    def wrap(self, value: Any, source: Source | None, *, guard: bool = True) -> Var:
         out = self.out
         if source is None:
             if isinstance(value, (int, float, bool, str, type(None), bytes)):
                 return ConstVar(value)
-            source = out.ns(value, type(value).__name__)
+            source = NamespaceRef(out.ns(value, type(value).__name__))
             guard = False
         cached = out.var_by_source.get(source)
         if cached is not None:
@@ -136,15 +138,14 @@ class Tracer:
         out.var_by_source[source] = v
         return v
 
-    def _wrap(self, value: Any, source: str, guard: bool) -> Var:
+    def _wrap(self, value: Any, source: Source, guard: bool) -> Var:
         out = self.out
         g = out.guards.add if guard else (lambda e: None)
         if isinstance(value, torch.Tensor):
             if value.layout != torch.strided:
                 raise Unsupported(f"a tensor with layout {value.layout} ({source}): capture "
                                   "handles strided (dense) tensors only, so this runs eagerly")
-            is_param = ("._parameters[" in source or "._buffers[" in source
-                        or isinstance(value, torch.nn.Parameter))
+            is_param = source.in_module_state() or isinstance(value, torch.nn.Parameter)
             return out.add_input(value, source, is_param=is_param)
         t = type(value)
 
@@ -172,11 +173,11 @@ class Tracer:
             return TupleVar([ConstVar(int(s)) for s in value], source, cls=torch.Size)
         if isinstance(value, tuple):
             g(f"type({source}) is {out.ns(t, t.__name__)} and len({source}) == {len(value)}")
-            items = [self.wrap(x, f"({source})[{i}]", guard=guard) for i, x in enumerate(value)]
+            items = [self.wrap(x, GetItem(source, i), guard=guard) for i, x in enumerate(value)]
             return TupleVar(items, source, cls=t)
         if t is list:
             g(f"type({source}) is list and len({source}) == {len(value)}")
-            return ListVar([self.wrap(x, f"({source})[{i}]", guard=guard)
+            return ListVar([self.wrap(x, GetItem(source, i), guard=guard)
                             for i, x in enumerate(value)], source)
         if t in (dict, collections_ordered_dict()):
             keys = list(value.keys())
@@ -184,7 +185,7 @@ class Tracer:
                 g(f"({source}) is {out.ns(value, 'dict')}")
                 return ObjectVar(value, source)
             g(f"type({source}) is {out.ns(t, t.__name__)} and list(({source}).keys()) == {keys!r}")
-            return DictVar({k: self.wrap(v, f"({source})[{k!r}]", guard=guard)
+            return DictVar({k: self.wrap(v, GetItem(source, k), guard=guard)
                             for k, v in value.items()}, source, cls=t)
         if t in (set, frozenset):
             if all(isinstance(k, (str, int, bool, type(None), float)) for k in value):
@@ -193,7 +194,8 @@ class Tracer:
         if isinstance(value, (range, slice)):
             return const(f"({source}) == {value!r}")
         if isinstance(value, torch.nn.Module):
-            g(f"({source}) is {out.ns(value, type(value).__name__)}")
+            if guard:
+                out.guards.add_identity(source, out.ns(value, type(value).__name__))
             return NNModuleVar(value, source)
         if isinstance(value, types.ModuleType):
             g(f"({source}) is {out.ns(value, value.__name__)}")
@@ -206,8 +208,9 @@ class Tracer:
             return FunctionVar(value, source)
         if isinstance(value, types.MethodType):
             g(f"({source}).__func__ is {out.ns(value.__func__, value.__func__.__name__)}")
-            fn = self.wrap(value.__func__, f"({source}).__func__", guard=False)
-            return BoundMethodVar(fn, self.wrap(value.__self__, f"({source}).__self__", guard=guard))
+            fn = self.wrap(value.__func__, Attr(source, "__func__", paren=True), guard=False)
+            return BoundMethodVar(fn, self.wrap(value.__self__, Attr(source, "__self__", paren=True),
+                                                guard=guard))
         if callable(value) and isinstance(value, (types.BuiltinFunctionType,
                                                   types.BuiltinMethodType,
                                                   types.MethodDescriptorType,
@@ -261,7 +264,7 @@ class Tracer:
             # a model's output object made before a break: its fields, as one made while tracing
             keys = list(value.keys())
             g(f"type({source}) is {out.ns(t, t.__name__)} and list(({source}).keys()) == {keys!r}")
-            return DataclassVar(t, {k: self.wrap(v, f"({source})[{k!r}]", guard=guard)
+            return DataclassVar(t, {k: self.wrap(v, GetItem(source, k), guard=guard)
                                     for k, v in value.items()})
         if _plain_object(value):
             # Attribute reads are guarded one by one, so any instance of the class will do.
@@ -447,7 +450,7 @@ class Tracer:
             trusted = obj.value.__name__.startswith(rules.TRUSTED_MODULE_PREFIXES)
             if trusted:
                 return self.wrap(value, None)
-            return self.wrap(value, f"{obj.source}.{name}" if obj.source else None)
+            return self.wrap(value, Attr(obj.source, name) if obj.source else None)
         if isinstance(obj, ClassVar):
             try:
                 value = inspect.getattr_static(obj.value, name)
@@ -460,7 +463,7 @@ class Tracer:
                 return self.wrap(value, None)
             value = getattr(obj.value, name)
             trusted = getattr(obj.value, "__module__", "").startswith(rules.TRUSTED_MODULE_PREFIXES)
-            src = None if (trusted or obj.source is None) else f"{obj.source}.{name}"
+            src = None if (trusted or obj.source is None) else Attr(obj.source, name)
             return self.wrap(value, src)
         if isinstance(obj, ConstVar):
             val = obj.value
@@ -511,11 +514,11 @@ class Tracer:
         src = obj.source
         d = m.__dict__
         if name in d.get("_parameters", {}):
-            return self.wrap(d["_parameters"][name], f"{src}._parameters[{name!r}]")
+            return self.wrap(d["_parameters"][name], Param(src, name) if src else None)
         if name in d.get("_buffers", {}):
-            return self.wrap(d["_buffers"][name], f"{src}._buffers[{name!r}]")
+            return self.wrap(d["_buffers"][name], Buffer(src, name) if src else None)
         if name in d.get("_modules", {}):
-            return self.wrap(d["_modules"][name], f"{src}._modules[{name!r}]")
+            return self.wrap(d["_modules"][name], ModuleChild(src, name) if src else None)
         return self.object_getattr(obj, m, name)
 
     def object_getattr(self, obj: Var, value: Any, name: str) -> Var:
@@ -527,10 +530,10 @@ class Tracer:
             if type(d) is not dict or self.pending_attrs.get(id(value)) or \
                     isinstance(value, torch.nn.Module):
                 raise Unsupported("reading __dict__ of an object")
-            return self.wrap(d, f"{src}.__dict__" if src else None)
+            return self.wrap(d, Attr(src, "__dict__") if src else None)
         inst_dict = getattr(value, "__dict__", {})
         if name in inst_dict:
-            return self.wrap(inst_dict[name], f"{src}.{name}" if src else None)
+            return self.wrap(inst_dict[name], Attr(src, name) if src else None)
         try:
             static = inspect.getattr_static(value, name)
         except AttributeError:
@@ -560,7 +563,7 @@ class Tracer:
                 return BoundMethodVar(FunctionVar(fn), obj)
         if isinstance(real, (types.BuiltinMethodType, types.MethodWrapperType)):
             return BuiltinVar(real)
-        return self.wrap(real, f"{src}.{name}" if src else None)
+        return self.wrap(real, Attr(src, name) if src else None)
 
     def guard_class_attr(self, obj: Var, value: Any, name: str, attr: Any) -> None:
         """``name`` on ``value`` resolved through its class to ``attr``: guard that the instance
@@ -574,7 +577,8 @@ class Tracer:
         d = getattr(value, "__dict__", None)
         if isinstance(d, dict):
             # Modules are identity-guarded: their instance dict is a fixed object.
-            ref = out.ns(d, "dict") if isinstance(obj, NNModuleVar) else f"({src}).__dict__"
+            ref = out.ns(d, "dict") if isinstance(obj, NNModuleVar) else \
+                Attr(src, "__dict__", paren=True)
             out.guards.add(not_in_dict_guard(ref, name))
         cls = type(value)
         out.guards.add(class_attr_guard(out.ns(cls, cls.__name__), name,
@@ -681,25 +685,24 @@ class Tracer:
         cargs = [a.as_const() for a in args]
         ckw = {k: a.as_const() for k, a in kwargs.items()}
         results = list(getattr(m, name)(*cargs, **ckw))
-        subs = {"": (m, mv.source)}
+        subs: dict[str, tuple[torch.nn.Module, Source]] = {"": (m, mv.source)}
         for path, sub in m.named_modules(remove_duplicate=False):
             if path:
                 parent, _, leaf = path.rpartition(".")
                 psrc = subs[parent][1]
-                subs[path] = (sub, f"{psrc}._modules[{leaf!r}]")
+                subs[path] = (sub, ModuleChild(psrc, leaf))
 
-        def source_of(path: str, kind: str) -> str:
+        def source_of(path: str, kind: str) -> Source:
             if kind == "module":
                 return subs[path][1]
             parent, _, leaf = path.rpartition(".")
-            coll = "_parameters" if kind == "param" else "_buffers"
-            return f"{subs[parent][1]}.{coll}[{leaf!r}]"
+            return (Param if kind == "param" else Buffer)(subs[parent][1], leaf)
 
         kind = ("param" if "parameters" in name else "buffer" if "buffers" in name else "module")
         out: list[Var] = []
         if name.startswith("named_"):
             if kind == "module" and name == "named_children":
-                items = [(n, self.wrap(c, f"{mv.source}._modules[{n!r}]")) for n, c in results]
+                items = [(n, self.wrap(c, ModuleChild(mv.source, n))) for n, c in results]
             else:
                 items = [(n, self.wrap(v, source_of(n, kind))) for n, v in results]
             out = [TupleVar([ConstVar(n), v]) for n, v in items]
@@ -708,7 +711,7 @@ class Tracer:
                      "modules": "named_modules", "children": "named_children"}[name]
             named_results = list(getattr(m, named)(*cargs, **ckw))
             if named == "named_children":
-                out = [self.wrap(c, f"{mv.source}._modules[{n!r}]") for n, c in named_results]
+                out = [self.wrap(c, ModuleChild(mv.source, n)) for n, c in named_results]
             else:
                 out = [self.wrap(v, source_of(n, kind)) for n, v in named_results]
         return IteratorVar(out)
@@ -759,8 +762,8 @@ class Tracer:
             cells = self.closure_cells(code, f.__closure__, fn.source)
             return self.inline(code, f.__globals__, self.fn_globals_source(f), args, kwargs,
                                f.__defaults__, f.__kwdefaults__, cells, name=f.__qualname__,
-                               defaults_source=f"{fn.source or self.out.ns(f, f.__name__)}"
-                                               ".__defaults__")
+                               defaults_source=Defaults(
+                                   fn.source or NamespaceRef(self.out.ns(f, f.__name__))))
         assert isinstance(fn, NestedFunctionVar)
         defaults = tuple(fn.defaults.items) if fn.defaults else None
         kwdefaults = dict(fn.kwdefaults.items) if fn.kwdefaults else None
@@ -771,13 +774,13 @@ class Tracer:
         return self.inline(fn.code, fn.fn_globals, fn.globals_source, args, kwargs, defaults,
                            kwdefaults, cells, name=fn.code.co_qualname, vars_defaults=True)
 
-    def fn_globals_source(self, f: types.FunctionType) -> str:
+    def fn_globals_source(self, f: types.FunctionType) -> Source:
         if f.__globals__ is self.root_fn.__globals__:
-            return "___G"
-        return self.out.ns(f.__globals__, f"G_{f.__module__}")
+            return NamespaceRef("___G")
+        return NamespaceRef(self.out.ns(f.__globals__, f"G_{f.__module__}"))
 
     def closure_cells(self, code: types.CodeType, closure: tuple | None,
-                      fn_source: str | None) -> dict[str, CellVar]:
+                      fn_source: Source | None) -> dict[str, CellVar]:
         cells: dict[str, CellVar] = {}
         if closure:
             for i, (name, cell) in enumerate(zip(code.co_freevars, closure)):
@@ -785,14 +788,15 @@ class Tracer:
                 if known is not None:
                     cells[name] = known
                     continue
-                src = f"{fn_source}.__closure__[{i}]" if fn_source else self.out.ns(cell, "cell")
+                src = ClosureCell(fn_source, i) if fn_source else NamespaceRef(
+                    self.out.ns(cell, "cell"))
                 cells[name] = CellVar(None, real_cell=cell, source=src)
         return cells
 
-    def inline(self, code: types.CodeType, fn_globals: dict, globals_source: str,
+    def inline(self, code: types.CodeType, fn_globals: dict, globals_source: Source,
                args: list[Var], kwargs: dict[str, Var], defaults: tuple | None,
                kwdefaults: dict | None, cells: dict[str, CellVar], *, name: str,
-               defaults_source: str | None = None, vars_defaults: bool = False) -> Var:
+               defaults_source: Defaults | None = None, vars_defaults: bool = False) -> Var:
         depth = len(self.frames)
         if depth > config.max_inline_depth:
             raise Unsupported(f"inlining depth limit ({config.max_inline_depth}) reached at {name}")
@@ -810,7 +814,7 @@ class Tracer:
 
     def bind_args(self, code: types.CodeType, args: list[Var], kwargs: dict[str, Var],
                   defaults: tuple | None, kwdefaults: dict | None, name: str,
-                  defaults_source: str | None, vars_defaults: bool) -> dict[str, Var]:
+                  defaults_source: Defaults | None, vars_defaults: bool) -> dict[str, Var]:
         names = code.co_varnames
         npos = code.co_argcount
         nkw = code.co_kwonlyargcount
@@ -845,7 +849,7 @@ class Tracer:
                     # __defaults__ may be reassigned: the tuple (immutable) is the same one
                     self.out.guards.add(f"{defaults_source} is {self.out.ns(defaults, 'defaults')}")
                 locals_[n] = d if vars_defaults else self.wrap(
-                    d, f"{defaults_source}[{j}]" if defaults_source else None, guard=False)
+                    d, defaults_source.item(j) if defaults_source else None, guard=False)
         for n in kw_names:
             if n not in locals_:
                 if not kwdefaults or n not in kwdefaults:
@@ -853,8 +857,7 @@ class Tracer:
                 d = kwdefaults[n]
                 if not vars_defaults and defaults_source:
                     # __kwdefaults__ is a mutable dict: guard the value used
-                    kw_src = defaults_source[:-len("__defaults__")] + "__kwdefaults__"
-                    locals_[n] = self.wrap(d, f"{kw_src}[{n!r}]")
+                    locals_[n] = self.wrap(d, defaults_source.kwdefaults().item(n))
                     continue
                 locals_[n] = d if vars_defaults else self.wrap(d, None, guard=False)
         i = npos + nkw
@@ -885,7 +888,8 @@ class Tracer:
                     f"list(({src})._forward_pre_hooks) == {list(m._forward_pre_hooks)!r} and "
                     f"list(({src})._forward_hooks) == {list(m._forward_hooks)!r}")
         for hid, hook in m._forward_pre_hooks.items():
-            hv = self.wrap(hook, f"({src})._forward_pre_hooks[{hid}]" if src else None)
+            hv = self.wrap(hook, GetItem(Attr(src, "_forward_pre_hooks", paren=True), hid,
+                                         paren=False) if src else None)
             res = self.call(hv, [mv, TupleVar(args)], {})
             if not (isinstance(res, ConstVar) and res.value is None):
                 args = list(res.items) if isinstance(res, TupleVar) else [res]
@@ -896,7 +900,8 @@ class Tracer:
                 f"not ({self.out.ns(_mm, 'module_mod')}._global_forward_hooks or "
                 f"{self.out.ns(_mm, 'module_mod')}._global_forward_pre_hooks)")
         if fwd is not None:
-            out = self.call(self.wrap(fwd, f"({src}).forward" if src else None), args, kwargs)
+            out = self.call(self.wrap(fwd, Attr(src, "forward", paren=True) if src else None),
+                            args, kwargs)
         else:
             fwd_fn = type(m).forward
             if fwd_fn is torch.nn.Module.forward:
@@ -904,7 +909,8 @@ class Tracer:
             self.guard_class_attr(mv, m, "forward", fwd_fn)
             out = self.call(FunctionVar(fwd_fn), [mv, *args], kwargs)
         for hid, hook in m._forward_hooks.items():
-            hv = self.wrap(hook, f"({src})._forward_hooks[{hid}]" if src else None)
+            hv = self.wrap(hook, GetItem(Attr(src, "_forward_hooks", paren=True), hid,
+                                         paren=False) if src else None)
             res = self.call(hv, [mv, TupleVar(args), out], {})
             if not (isinstance(res, ConstVar) and res.value is None):
                 out = res
@@ -940,10 +946,9 @@ class Tracer:
             if isinstance(m, torch.nn.ModuleDict):
                 return [ConstVar(k) for k in m._modules]
             if isinstance(m, (torch.nn.Sequential, torch.nn.ModuleList)):
-                return [self.wrap(c, f"{src}._modules[{k!r}]") for k, c in m._modules.items()]
+                return [self.wrap(c, ModuleChild(src, k)) for k, c in m._modules.items()]
             if isinstance(m, (torch.nn.ParameterList,)):
-                return [self.wrap(p, f"{src}._parameters[{k!r}]")
-                        for k, p in m._parameters.items()]
+                return [self.wrap(p, Param(src, k)) for k, p in m._parameters.items()]
             if isinstance(m, torch.nn.ParameterDict):
                 return [ConstVar(k) for k in m._parameters]
             it = inspect.getattr_static(type(m), "__iter__", None)
@@ -1015,7 +1020,7 @@ def collections_ordered_dict() -> type:
 
 class Frame:
     def __init__(self, tracer: Tracer, code: types.CodeType, fn_globals: dict,
-                 globals_source: str, locals_: dict[str, Var], cells: dict[str, CellVar]):
+                 globals_source: Source, locals_: dict[str, Var], cells: dict[str, CellVar]):
         self.tracer = tracer
         self.code = code
         self.fn_globals = fn_globals
@@ -1267,10 +1272,10 @@ class Frame:
                 rules.TRUSTED_MODULE_PREFIXES) or (getattr(value, "__module__", None) or
                                                   "").startswith(("torch", "builtins"))
             if trusted and not isinstance(value, (torch.Tensor, torch.nn.Module)):
-                return self.tracer.wrap(value, f"{self.globals_source}[{name!r}]", guard=False) \
+                return self.tracer.wrap(value, Global(self.globals_source, name), guard=False) \
                     if isinstance(value, (types.ModuleType, type)) else self.tracer.wrap(
                         value, None)
-            return self.tracer.wrap(value, f"{self.globals_source}[{name!r}]")
+            return self.tracer.wrap(value, Global(self.globals_source, name))
         b = g.get("__builtins__", __builtins__)
         bd = b if isinstance(b, dict) else b.__dict__
         if name in bd:
@@ -1299,7 +1304,7 @@ class Frame:
                     contents = cell.real_cell.cell_contents
                 except ValueError:
                     raise Unsupported(f"free variable {name!r} referenced before assignment")
-                cell.value = self.tracer.wrap(contents, f"{cell.source}.cell_contents")
+                cell.value = self.tracer.wrap(contents, CellContents(cell.source))
             else:
                 raise Unsupported(f"free variable {name!r} referenced before assignment")
         return cell.value

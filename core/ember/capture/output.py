@@ -8,7 +8,6 @@ import functools
 import hashlib
 import itertools
 import logging
-import re
 import types
 from typing import Any, Callable
 
@@ -19,6 +18,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from .. import _logging
 from ..exc import Unsupported
 from .guards import FN
+from .sources import NamespaceRef, Source
 from .variables import (BoundMethodVar, BuiltinVar, CellVar, ClassVar, ConstVar,
                         ContainerMethodVar, DataclassVar, DictVar, ExitVar, FunctionVar,
                         IteratorVar, ListVar, NestedFunctionVar, NNModuleVar,
@@ -61,9 +61,6 @@ code_log = _logging.get_artifact_logger("output_code")
 _SIMPLE_CONSTS = (int, float, bool, str, type(None), bytes)
 
 
-_IDENTITY = re.compile(r"^\((.+)\) is (___\w+)$")
-
-
 class GuardSet:
     """Guards as Python expressions over the entry function's arguments and namespace."""
 
@@ -73,15 +70,17 @@ class GuardSet:
         #: guard -> the user's line (or the rule) that introduced it, for symbolic-size guards
         self.origins: dict[str, str] = {}
         #: source -> namespace name, for sources guarded by identity (``(src) is ___name``)
-        self.identity: dict[str, str] = {}
+        self.identity: dict[Source, str] = {}
 
     def add(self, expr: str) -> None:
         if expr not in self._seen:
             self._seen.add(expr)
             self.exprs.append(expr)
-            m = _IDENTITY.match(expr)
-            if m is not None:
-                self.identity.setdefault(m.group(1), m.group(2))
+
+    def add_identity(self, source: Source, ref: str) -> None:
+        """``source`` is the object the namespace holds as ``ref``."""
+        self.add(f"({source}) is {ref}")
+        self.identity.setdefault(source, ref)
 
     def add_first(self, exprs: list[str]) -> None:
         """Guards checked before all others (cheap ones that later guards rely on)."""
@@ -204,22 +203,21 @@ class OutputGraph:
             self._ns_ids[key] = name
         return name
 
-    def _short_path(self, source: str) -> str:
+    def _short_path(self, source: Source) -> Source:
         """``M._parameters['w']`` read through the module's namespace reference when ``M`` is
         identity-guarded already (one lookup instead of the whole attribute path)."""
-        for sep in ("._parameters[", "._buffers["):
-            head, found, tail = source.rpartition(sep)
-            if found:
-                ref = self.guards.identity.get(head)
-                if ref is not None:
-                    return f"{ref}{sep}{tail}"
+        state = source.module_state()
+        if state is not None:
+            ref = self.guards.identity.get(state.base)
+            if ref is not None:
+                return source.rebase(state.base, NamespaceRef(ref))
         return source
 
-    def stable_ref(self, value: Any, source: str) -> str:
+    def stable_ref(self, value: Any, source: Source) -> str:
         """``value``'s namespace name when ``source`` is identity-guarded to it (cheaper to read
         in later guards), else ``(source)``."""
         name = self._ns_ids.get(id(value))
-        if name is not None and f"({source}) is {name}" in self.guards._seen:
+        if name is not None and self.guards.identity.get(source) == name:
             return name
         return f"({source})"
 
@@ -381,16 +379,16 @@ def _is_symbolic_tensor(fake: torch.Tensor) -> bool:
     return any(isinstance(s, torch.SymInt) for s in (*fake.shape, *fake.stride()))
 
 
-def _input_kind(source: str, value: torch.Tensor, is_param: bool) -> str:
+def _input_kind(source: Source, value: torch.Tensor, is_param: bool) -> str:
     if not is_param:
         return "user"
-    if isinstance(value, torch.nn.Parameter) or "._buffers[" not in source:
+    if isinstance(value, torch.nn.Parameter) or not any(s.is_buffer() for s in source.chain()):
         return "parameter"
     return "buffer"
 
 
-def _node_name(source: str, i: int) -> str:
-    base = "".join(c if c.isalnum() else "_" for c in source)
+def _node_name(source: Source, i: int) -> str:
+    base = "".join(c if c.isalnum() else "_" for c in str(source))
     base = "_".join(p for p in base.split("_") if p and p not in ("modules", "parameters",
                                                                    "buffers", "G"))
     if not base or base[0].isdigit():
@@ -425,7 +423,7 @@ class Reconstructor:
 
     def tensor_expr(self, v: TensorVar) -> str:
         if v.node.op == "placeholder" and v.source is not None:
-            return v.source
+            return str(v.source)
         idx = self._out_index.get(v.node)
         if idx is None:
             idx = len(self.graph_outputs)
@@ -449,7 +447,7 @@ class Reconstructor:
             return self.tensor_expr(v)
         if isinstance(v, ConstVar):
             if v.guard_pending and v.source is not None:
-                return v.source  # forwarded untouched: no need to specialize on it
+                return str(v.source)  # forwarded untouched: no need to specialize on it
             val = v.value
             if out.symbolic is not None:
                 from .symbolic import is_symbolic
@@ -461,7 +459,7 @@ class Reconstructor:
                 return repr(val)
             return out.ns(val, type(val).__name__)
         if isinstance(v, (ListVar, DictVar, SetVar)) and allow_source and v.source is not None:
-            return v.source  # identity matters; mutations are replayed separately
+            return str(v.source)  # identity matters; mutations are replayed separately
         if isinstance(v, TupleVar):
             inner = ", ".join(self.expr(i) for i in v.items)
             if v.cls is tuple:
@@ -511,7 +509,7 @@ class Reconstructor:
             return f"{self.expr(v.obj)}.{v.name}"
         if isinstance(v, CellVar):
             if getattr(v, "per_call", False):  # a resume function's cell: its own each call
-                return v.source
+                return str(v.source)
             if v.real_cell is not None:
                 return out.ns(v.real_cell, "cell")
             return f"___mkcell({self.expr(v.value) if v.value is not None else ''})"
@@ -527,7 +525,7 @@ class Reconstructor:
         if isinstance(v, ExitVar):
             from .variables import GradModeVar
             if v.source is not None:
-                return v.source
+                return str(v.source)
             if isinstance(v.ctx, GradModeVar):
                 return f"___GradRestore({getattr(v, 'prev_mode', True)!r})"
             from .variables import AutocastVar
@@ -538,7 +536,7 @@ class Reconstructor:
             raise Unsupported("a graph break inside this `with` block")
         if isinstance(v, (NNModuleVar, ObjectVar, FunctionVar, PyModuleVar, ClassVar)):
             if v.source is not None:
-                return v.source
+                return str(v.source)
             return out.ns(v.value, "obj")
         if isinstance(v, BuiltinVar):
             return out.ns(v.value, getattr(v.value, "__name__", "fn"))

@@ -46,9 +46,9 @@ def _like_torch(attr: str) -> Any:
 
 
 def _source_class(cls: type) -> type:
-    """A frozen dataclass whose hash is that of its printed expression (computed once): keys
-    of any type (a slice in ``obj[1:2]``) stay hashable, and equal sources hash alike."""
+    """A frozen dataclass with :class:`Source`'s equality and hash (see there)."""
     cls = dataclasses.dataclass(frozen=True)(cls)
+    cls.__eq__ = Source.__eq__  # type: ignore[method-assign]
     cls.__hash__ = Source.__hash__  # type: ignore[method-assign]
     return cls
 
@@ -71,8 +71,23 @@ class Source(_tg.Source):
     def __format__(self, spec: str) -> str:
         return format(self._text, spec)
 
+    # Two sources are equal when they are of the same kind and print alike (the printers of
+    # one kind are one-to-one, so this is structural equality; it also tells ``(x)[1]`` from
+    # ``(x)[True]``, which field equality would not). The hash is that of the text, computed
+    # once, so keys of any type (a slice in ``obj[1:2]``) stay hashable.
+    #
+    # Transitional: a source also equals the string it prints as, so tables still keyed by
+    # expression strings (code written before sources were structured) keep working while
+    # they move over. New code compares sources, never text.
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Source):
+            return type(self) is type(other) and self._text == other._text
+        if isinstance(other, str):
+            return self._text == other
+        return NotImplemented
+
     def __hash__(self) -> int:
-        return hash((type(self).__name__, self._text))
+        return hash(self._text)
 
     @_like_torch("name")
     def name(self) -> str:  # type: ignore[override]

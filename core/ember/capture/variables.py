@@ -1,9 +1,10 @@
 """Symbolic values tracked by the interpreter.
 
 Every value on the symbolic stack is a ``Var``. A Var that came from the outside world (an
-argument, a global, an attribute of one) carries a ``source``: the Python expression that fetches
-it again inside the generated entry function. Sources are what guards are written against and what
-the output code uses to rebuild values that leave the frame.
+argument, a global, an attribute of one) carries a ``source`` (:mod:`ember.capture.sources`): a
+structured value that prints as the Python expression fetching it again inside the generated entry
+function. Sources are what guards are written against and what the output code uses to rebuild
+values that leave the frame.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 import torch
 
 from ..exc import Unsupported
+from .sources import Source
 
 __all__ = [
     "Var", "ConstVar", "TensorVar", "TupleVar", "ListVar", "DictVar", "SetVar", "NullVar",
@@ -23,6 +25,10 @@ __all__ = [
     "DataclassVar", "TensorMethodVar", "ContainerMethodVar", "AutocastVar",
     "ExitVar", "PyRaise",
 ]
+
+
+def _expr(source: Source | None) -> str | None:
+    return None if source is None else str(source)
 
 
 class PyRaise(Unsupported):
@@ -37,7 +43,7 @@ class PyRaise(Unsupported):
 
 
 class Var:
-    source: str | None = None
+    source: Source | None = None
 
     def python_type(self) -> type:
         raise Unsupported(f"type of {self!r} is not known while tracing")
@@ -52,7 +58,7 @@ class Var:
         return type(self).__name__
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(source={self.source!r})"
+        return f"{type(self).__name__}(source={_expr(self.source)!r})"
 
 
 class NullVar(Var):
@@ -66,7 +72,7 @@ class ConstVar(Var):
 
     __slots__ = ("_value", "source", "_pending")
 
-    def __init__(self, value: Any, source: str | None = None, pending: Any = None):
+    def __init__(self, value: Any, source: Source | None = None, pending: Any = None):
         self._value = value
         self.source = source
         self._pending = pending
@@ -110,7 +116,7 @@ class TensorVar(Var):
 
     __slots__ = ("node", "fake", "source", "cls", "is_param")
 
-    def __init__(self, node: torch.fx.Node, fake: torch.Tensor, source: str | None = None,
+    def __init__(self, node: torch.fx.Node, fake: torch.Tensor, source: Source | None = None,
                  cls: type = torch.Tensor, is_param: bool = False):
         self.node = node
         self.fake = fake
@@ -139,7 +145,7 @@ class _SeqVar(Var):
 class TupleVar(_SeqVar):
     """A tuple; ``cls`` is set for namedtuples, torch.Size and torch.return_types."""
 
-    def __init__(self, items: list[Var] | tuple[Var, ...], source: str | None = None,
+    def __init__(self, items: list[Var] | tuple[Var, ...], source: Source | None = None,
                  cls: type = tuple):
         self.items = list(items)
         self.source = source
@@ -163,7 +169,7 @@ class TupleVar(_SeqVar):
 
 
 class ListVar(_SeqVar):
-    def __init__(self, items: list[Var], source: str | None = None, cls: type = list):
+    def __init__(self, items: list[Var], source: Source | None = None, cls: type = list):
         self.items = list(items)
         self.source = source
         self.mutated = False
@@ -182,7 +188,7 @@ class ListVar(_SeqVar):
 class DictVar(Var):
     """A dict with Python-constant keys (insertion order kept)."""
 
-    def __init__(self, items: dict[Any, Var], source: str | None = None, cls: type = dict):
+    def __init__(self, items: dict[Any, Var], source: Source | None = None, cls: type = dict):
         self.items = dict(items)
         self.source = source
         self.mutated = False
@@ -199,7 +205,7 @@ class DictVar(Var):
 
 
 class SetVar(Var):
-    def __init__(self, items: list[Var], source: str | None = None, cls: type = set):
+    def __init__(self, items: list[Var], source: Source | None = None, cls: type = set):
         self.items = list(items)
         self.source = source
         self.mutated = False
@@ -299,7 +305,7 @@ class CountVar(IteratorVar):
 
 
 class NNModuleVar(Var):
-    def __init__(self, module: torch.nn.Module, source: str | None):
+    def __init__(self, module: torch.nn.Module, source: Source | None):
         self.value = module
         self.source = source
 
@@ -310,13 +316,13 @@ class NNModuleVar(Var):
         return f"module {type(self.value).__name__}"
 
     def __repr__(self) -> str:
-        return f"NNModuleVar({type(self.value).__name__}, source={self.source!r})"
+        return f"NNModuleVar({type(self.value).__name__}, source={_expr(self.source)!r})"
 
 
 class FunctionVar(Var):
     """A real Python function (inlined when called)."""
 
-    def __init__(self, fn: types.FunctionType, source: str | None = None):
+    def __init__(self, fn: types.FunctionType, source: Source | None = None):
         self.value = fn
         self.source = source
 
@@ -333,7 +339,7 @@ class FunctionVar(Var):
 class CellVar(Var):
     """A closure cell created inside the traced region (or wrapping a real cell)."""
 
-    def __init__(self, value: Var | None = None, real_cell: Any = None, source: str | None = None):
+    def __init__(self, value: Var | None = None, real_cell: Any = None, source: Source | None = None):
         self.value = value
         self.real_cell = real_cell
         self.source = source
@@ -344,7 +350,7 @@ class NestedFunctionVar(Var):
 
     def __init__(self, code: types.CodeType, fn_globals: dict, defaults: TupleVar | None,
                  kwdefaults: DictVar | None, closure: tuple[CellVar, ...] | None,
-                 globals_source: str | None):
+                 globals_source: Source | None):
         self.code = code
         self.fn_globals = fn_globals
         self.defaults = defaults
@@ -371,7 +377,7 @@ class BoundMethodVar(Var):
 class BuiltinVar(Var):
     """A callable that is not inlined: builtins, torch functions, C functions."""
 
-    def __init__(self, fn: Any, source: str | None = None):
+    def __init__(self, fn: Any, source: Source | None = None):
         self.value = fn
         self.source = source
 
@@ -411,7 +417,7 @@ class ContainerMethodVar(Var):
 class ObjectVar(Var):
     """A user object from outside the frame: attribute reads are guarded and traced."""
 
-    def __init__(self, value: Any, source: str | None):
+    def __init__(self, value: Any, source: Source | None):
         self.value = value
         self.source = source
         self.pending: dict[str, Var] = {}
@@ -423,7 +429,7 @@ class ObjectVar(Var):
         return f"object of type {type(self.value).__qualname__}"
 
     def __repr__(self) -> str:
-        return f"ObjectVar({type(self.value).__name__}, source={self.source!r})"
+        return f"ObjectVar({type(self.value).__name__}, source={_expr(self.source)!r})"
 
 
 class DataclassVar(Var):
@@ -443,7 +449,7 @@ class DataclassVar(Var):
 
 
 class PyModuleVar(Var):
-    def __init__(self, module: types.ModuleType, source: str | None):
+    def __init__(self, module: types.ModuleType, source: Source | None):
         self.value = module
         self.source = source
 
@@ -461,7 +467,7 @@ class PyModuleVar(Var):
 
 
 class ClassVar(Var):
-    def __init__(self, cls: type, source: str | None):
+    def __init__(self, cls: type, source: Source | None):
         self.value = cls
         self.source = source
 
@@ -492,7 +498,7 @@ class GradModeVar(Var):
     """torch.no_grad() / enable_grad() / set_grad_enabled(b) / inference_mode() objects."""
 
     enabled: bool
-    source: str | None = None
+    source: Source | None = None
 
     def python_type(self) -> type:
         return torch.no_grad if not self.enabled else torch.enable_grad
@@ -503,7 +509,7 @@ class AutocastVar(Var):
     device_type: str
     dtype: Any
     enabled: bool
-    source: str | None = None
+    source: Source | None = None
 
 
 class ExitVar(Var):
