@@ -250,6 +250,9 @@ class SymbolicShapes:
     # -- inputs -------------------------------------------------------------------------------
     def fakify(self, value: torch.Tensor, source: str, dynamic_dims: set[int],
                marked: dict[int, tuple[int | None, int | None]]) -> torch.Tensor:
+        # A marked size outside its [min, max] is compiled for that size (its own graph).
+        marked = {d: (lo, hi) for d, (lo, hi) in marked.items()
+                  if (lo is None or value.size(d) >= lo) and (hi is None or value.size(d) <= hi)}
         dims = [DimDynamic.DYNAMIC if d in dynamic_dims or d in marked else DimDynamic.STATIC
                 for d in range(value.dim())]
         ctx = StatelessSymbolicContext(dynamic_sizes=dims, constraint_sizes=[None] * value.dim())
