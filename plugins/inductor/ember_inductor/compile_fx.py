@@ -23,6 +23,11 @@ out_log = logging.getLogger("ember.output_code")
 #: Bump when lowering or codegen changes what is generated for a graph.
 CODEGEN_VERSION = "1"
 
+#: How many graphs this process lowered and generated code for ("generated"), and how many it
+#: compiled in all ("compiled", cache hits included). A graph with symbolic sizes is generated
+#: once and then serves every size: calling it never adds to these.
+counters: dict[str, int] = {"generated": 0, "compiled": 0}
+
 
 @functools.lru_cache(None)
 def _code_fingerprint() -> str:
@@ -51,6 +56,8 @@ def _graph_key(gm: torch.fx.GraphModule, options: dict[str, Any]) -> str:
             if isinstance(v, torch.Tensor):
                 h.update(repr((n.name, tuple(v.shape), tuple(v.stride()), str(v.dtype),
                                str(v.device))).encode())
+            elif isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+                h.update(repr((n.name, type(v).__name__, str(v))).encode())
             else:
                 h.update(repr((n.name, type(v).__name__)).encode())
     h.update(repr(sorted((k, repr(v)) for k, v in options.items())).encode())
@@ -64,14 +71,20 @@ def generate_source(gm: torch.fx.GraphModule, key: str = "") -> tuple[str, dict[
     from .lowering import GraphLowering
     from .scheduler import CppRegion, Scheduler
 
-    graph = GraphLowering(gm).run()
-    sched = Scheduler(graph)
-    dtypes = {b.name: b.dtype for b in graph.operations}
-    dtypes.update({b.name: b.dtype for b in graph.inputs})
-    for name, t in graph.constants.items():
-        dtypes[name] = t.dtype
-    cpp = generate_cpp(sched, dtypes)
-    src = generate_wrapper(graph, sched, cpp, key)
+    from .sizes import SizeEnv, size_env
+
+    # symbolic sizes (if any) are known to lowering, scheduling and code generation through one
+    # SizeEnv: their example values steer heuristics only
+    with size_env(SizeEnv()):
+        graph = GraphLowering(gm).run()
+        sched = Scheduler(graph)
+        dtypes = {b.name: b.dtype for b in graph.operations}
+        dtypes.update({b.name: b.dtype for b in graph.inputs})
+        for name, t in graph.constants.items():
+            dtypes[name] = t.dtype
+        cpp = generate_cpp(sched, dtypes)
+        src = generate_wrapper(graph, sched, cpp, key)
+    counters["generated"] += 1
     info = {"fallbacks": graph.fallback_ops,
             "regions": sum(isinstance(s, CppRegion) for s in sched.steps)}
     return src, info
@@ -103,6 +116,7 @@ def compile_inductor(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
             raise NotImplementedError(f"ember-inductor: {v.device.type} graphs are not supported "
                                       "yet (CPU only)")
     t0 = time.perf_counter()
+    counters["compiled"] += 1
     opts = {k: v for k, v in options.items()}
     key = _graph_key(gm, opts)
     src = get_text("wrapper", key)

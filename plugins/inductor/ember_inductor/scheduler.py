@@ -251,7 +251,7 @@ class Scheduler:
                     g.members.append(_member(node, len(nt)))  # type: ignore[arg-type]
                     return True
             return False
-        if k == 0 and product(nt) > 1:
+        if k == 0 and nt and 0 not in nt:  # product(nt) > 1, also for symbolic sizes
             return False  # would serialize a whole loop nest behind a scalar
         if self._legal(g, node):
             g.members.append(_member(node, k))  # type: ignore[arg-type]

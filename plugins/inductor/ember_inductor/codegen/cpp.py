@@ -15,7 +15,7 @@ import torch
 
 from ..ir import Reduction
 from ..scheduler import CppRegion, FusedGroup, LoopBlock, Member, Scheduler
-from ..sizes import product, sym, to_c
+from ..sizes import current_size_env, is_symbolic, product, size_hint, statically_true, sym, to_c
 from ..virtualized import set_ops_handler
 
 __all__ = ["generate_cpp", "PRELUDE", "STORAGE_TYPE", "compute_type"]
@@ -118,6 +118,29 @@ def _simd_decls() -> str:
 
 
 PRELUDE = PRELUDE.replace("@@SIMD_DECLS@@", _simd_decls())
+
+
+def _at_least(v: Any, n: int) -> bool:
+    """``v >= n`` for a size; for a symbolic one, True unless it is known to be smaller (used
+    where the answer only picks the safer of two correct codes: a double accumulator)."""
+    if not is_symbolic(v):
+        return v >= n
+    return not statically_true(sympy.sympify(v) < n)
+
+
+def _hint(v: Any) -> int:
+    """The example value of a size, for heuristics only."""
+    return size_hint(v) if is_symbolic(v) else v
+
+
+def _parallel_if(work: Any) -> str | None:
+    """None: run serially; "": ``omp parallel for``; " if(...)": parallel when the symbolic amount
+    of work, computed at run time, is worth it."""
+    if not is_symbolic(work):
+        return "" if work >= PARALLEL_MIN_WORK else None
+    if statically_true(sympy.sympify(work) >= PARALLEL_MIN_WORK):
+        return ""
+    return f" if({to_c(work)} >= {PARALLEL_MIN_WORK})"
 
 
 def compute_type(dtype: torch.dtype) -> str:
@@ -404,6 +427,15 @@ class CppKernel:
         with set_ops_handler(CppOps(self)):
             for g in r.groups:
                 self.group(g)
+        # symbolic sizes: the symbols this function's loops and indices use come in as arguments
+        env = current_size_env()
+        size_args: list[str] = []
+        if env is not None and env.hints:
+            text = "\n".join(self.lines)
+            used = set(re.findall(r"\b(s\d+)\b", text))
+            size_args = [s.name for s in env.hints if s.name in used]
+            params.extend(f"int64_t {n}" for n in size_args)
+        r.size_args = size_args  # type: ignore[attr-defined]
         head = f'extern "C" void {r.name}({", ".join(params)})'
         return head + " {\n" + "\n".join(self.lines) + "\n}\n"
 
@@ -450,8 +482,9 @@ class CppKernel:
         work = product(g.outer) * product(b.inner)
         xn = f"x{k - 1}"
         n = to_c(g.outer[-1])
-        if work >= PARALLEL_MIN_WORK:
-            self.line(f"#pragma omp parallel for{f' collapse({k})' if k > 1 else ''}")
+        par = _parallel_if(work)
+        if par is not None:
+            self.line(f"#pragma omp parallel for{f' collapse({k})' if k > 1 else ''}{par}")
         for i, sz in enumerate(g.outer[:-1]):
             self.line(f"for (int64_t x{i} = 0; x{i} < {to_c(sz)}; x{i}++) {{")
             self.indent += 1
@@ -462,7 +495,7 @@ class CppKernel:
             red = m.node.data
             at = compute_type(red.src_dtype)
             if (at == "float" and red.reduction_type == "sum"
-                    and product(b.inner) >= DOUBLE_ACC_MIN):
+                    and _at_least(product(b.inner), DOUBLE_ACC_MIN)):
                 at = "double"
             init = _reduction_init(red.reduction_type, red.src_dtype)
             self.line(f"{at} acc{j}[{tile}];")
@@ -521,14 +554,19 @@ class CppKernel:
         self.line("{")
         self.indent += 1
         pure = all(not b.inner for b in g.blocks)
-        work = product(g.outer) * max([product(b.inner) for b in g.blocks] + [1])
+        inner_work = [product(b.inner) for b in g.blocks] + [1]
+        if any(is_symbolic(w) for w in inner_work):
+            # the longest inner loop for the example sizes (a heuristic; the if() is exact)
+            inner_work = [max(inner_work, key=_hint)]
+        work = product(g.outer) * max(inner_work)
         nouter = len(g.outer)
-        if work >= PARALLEL_MIN_WORK and product(g.outer) > 1 and nouter:
+        par = _parallel_if(work)
+        if par is not None and _hint(product(g.outer)) > 1 and nouter:
             collapse = max(1, nouter - 1) if pure else nouter
-            if pure and nouter >= 2 and product(g.outer[:-1]) < 4:
+            if pure and nouter >= 2 and _hint(product(g.outer[:-1])) < 4:
                 collapse = nouter  # too few rows to split: let OpenMP split the whole space
             c = f" collapse({collapse})" if collapse > 1 else ""
-            self.line(f"#pragma omp parallel for{c}")
+            self.line(f"#pragma omp parallel for{c}{par}")
         opened = 0
         for i, s in enumerate(g.outer):
             self.line(f"for (int64_t x{i} = 0; x{i} < {to_c(s)}; x{i}++) {{")
@@ -561,7 +599,7 @@ class CppKernel:
             else:
                 at = compute_type(red.src_dtype)
                 if (at == "float" and red.reduction_type == "sum"
-                        and product(b.inner) >= DOUBLE_ACC_MIN):
+                        and _at_least(product(b.inner), DOUBLE_ACC_MIN)):
                     at = "double"  # long float sums: eager sums pairwise; a double keeps up
                 self.line(f"{at} {acc} = {_reduction_init(red.reduction_type, red.src_dtype)};")
                 accs[m.node.name] = (acc,)

@@ -8,10 +8,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import sympy
 import torch
 
 from ..ir import Buffer, ExternKernel, MultiOutput, NoneValue, ReinterpretView
 from ..scheduler import CppRegion, Scheduler, _reads_of
+from ..sizes import to_py
 
 __all__ = ["generate_wrapper"]
 
@@ -35,6 +37,10 @@ def _const(v: Any) -> str:
         return f"complex({_const(v.real)}, {_const(v.imag)})"
     if isinstance(v, (bool, int, str, type(None))):
         return repr(v)
+    if isinstance(v, sympy.Expr) and v.is_Integer:
+        return repr(int(v))
+    if isinstance(v, sympy.Expr):
+        return to_py(v)  # a symbolic size, computed from the symbols bound at the top of call()
     if isinstance(v, (list, tuple)):
         inner = ", ".join(_const(x) for x in v)
         return f"[{inner}]" if isinstance(v, list) else f"({inner}{',' if len(v) == 1 else ''})"
@@ -49,8 +55,8 @@ def _op_path(op: Any) -> str:
 
 
 def _tuple(xs: Any) -> str:
-    xs = [int(x) for x in xs]
-    return "(" + ", ".join(map(str, xs)) + ("," if len(xs) == 1 else "") + ")"
+    xs = [to_py(x) for x in xs]
+    return "(" + ", ".join(xs) + ("," if len(xs) == 1 else "") + ")"
 
 
 class WrapperWriter:
@@ -64,7 +70,7 @@ class WrapperWriter:
         if isinstance(v, ReinterpretView):
             lay = v.layout
             return (f"_view({v.buffer.name}, {_tuple(lay.size)}, {_tuple(lay.stride)}, "
-                    f"{int(lay.offset)})")
+                    f"{to_py(lay.offset)})")
         if isinstance(v, Buffer):
             return v.name
         if isinstance(v, NoneValue):
@@ -109,13 +115,18 @@ class WrapperWriter:
                         where[r.name] = i
             for r in regions:
                 n = len(r.reads) + len(r.writes)
+                k = len(getattr(r, "size_args", []))
                 head.append(f"{r.name} = _libs[{where[r.name]}].{r.name}")
-                head.append(f"{r.name}.argtypes = [ctypes.c_void_p] * {n}")
+                head.append(f"{r.name}.argtypes = [ctypes.c_void_p] * {n}"
+                            + (f" + [ctypes.c_int64] * {k}" if k else ""))
                 head.append(f"{r.name}.restype = None")
         head.append("")
         head.append("")
-        args = ", ".join(b.name for b in g.inputs)
+        arg_names = getattr(g, "arg_names", None) or [b.name for b in g.inputs]
+        args = ", ".join(arg_names)
         body = [f"def call({args}):"]
+        for sname, src in getattr(g, "sym_bindings", {}).items():
+            body.append(f"    {sname} = {src}")
         # last use of every buffer, to free it early
         last: dict[str, int] = {}
         for i, st in enumerate(s.steps):
@@ -132,6 +143,7 @@ class WrapperWriter:
                                 f"dtype={_DTYPE_NAMES[lay.dtype]})")
                 for n in st.reads + st.writes:
                     ptrs.append(f"{n}.data_ptr()")
+                ptrs.extend(getattr(st, "size_args", []))
                 desc = "; ".join(
                     f"{m.node.name}{list(m.node.layout.size)} <- "
                     f"{'+'.join(dict.fromkeys(getattr(m.node.data, 'origins', [])))[:60]}"

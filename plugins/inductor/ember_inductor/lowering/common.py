@@ -4,16 +4,32 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+import sympy
 import torch
 
 from ..ir import IRNode, Pointwise
+from ..sizes import to_expr
 from ..virtualized import ops
 from .registry import Unsupported, current
 
-__all__ = ["meta", "loader", "pointwise", "promote", "scalar_dtype", "is_value", "SUPPORTED_DTYPES"]
+__all__ = ["meta", "shape_of", "size_value", "is_size_expr", "loader", "pointwise", "promote",
+           "scalar_dtype", "is_value", "SUPPORTED_DTYPES"]
 
 SUPPORTED_DTYPES = {torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64,
                     torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool}
+
+
+def shape_of(t: Any) -> list[Any]:
+    """A tensor's (meta's) sizes: ints, or sympy expressions for symbolic sizes."""
+    return [to_expr(s) for s in t.shape]
+
+
+def size_value(e: Any, dtype: torch.dtype = torch.int64) -> Any:
+    """An ops value for a size: a constant, or the expression computed from the symbols."""
+    if isinstance(e, (int, float)):
+        return ops.constant(e, dtype)
+    v = ops.index_expr(e, torch.int64)
+    return v if dtype == torch.int64 else ops.to_dtype(v, dtype)
 
 
 def meta() -> Any:
@@ -29,10 +45,15 @@ def check_dtype(dtype: torch.dtype) -> None:
         raise Unsupported(f"dtype {dtype}")
 
 
+def is_size_expr(x: Any) -> bool:
+    """A symbolic size (a sympy expression over the graph's size symbols) used as a scalar."""
+    return isinstance(x, sympy.Expr) and not x.is_number
+
+
 def scalar_dtype(x: Any) -> torch.dtype:
     if isinstance(x, bool):
         return torch.bool
-    if isinstance(x, int):
+    if isinstance(x, int) or is_size_expr(x):
         return torch.int64
     if isinstance(x, float):
         return torch.float64
@@ -48,6 +69,8 @@ def promote(*xs: Any) -> torch.dtype:
             proxies.append(torch.empty(shape, dtype=x.dtype))
         elif isinstance(x, (bool, int, float)):
             proxies.append(x)
+        elif is_size_expr(x):
+            proxies.append(2)  # an int scalar
         else:
             raise Unsupported(f"operand of type {type(x).__name__}")
     out = proxies[0]
@@ -63,6 +86,9 @@ def loader(x: Any, out_size: Sequence[Any], dtype: torch.dtype | None = None
            ) -> Callable[[Sequence[Any]], Any]:
     """A loader of ``x`` broadcast to ``out_size`` (and cast to ``dtype``)."""
     if not is_value(x):
+        if is_size_expr(x):
+            sdt = dtype or torch.int64
+            return lambda idx: ops.to_dtype(ops.index_expr(x, torch.int64), sdt)
         if not isinstance(x, (bool, int, float)):
             raise Unsupported(f"operand of type {type(x).__name__}")
         dt = dtype or scalar_dtype(x)
@@ -92,7 +118,7 @@ def pointwise(fn: Callable[..., Any], inputs: Sequence[Any], compute_dtype: torc
     the output dtype."""
     m = meta()
     if size is None:
-        size = [int(s) for s in m.shape]
+        size = shape_of(m)
     if out_dtype is None:
         out_dtype = m.dtype
     check_dtype(out_dtype)

@@ -6,13 +6,15 @@ import logging
 import operator
 from typing import Any, Sequence
 
+import sympy
 import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
 from ..ir import (Buffer, ComputedBuffer, ExternKernel, InputBuffer, IRNode, Layout, MultiOutput,
                   NoneValue, Pointwise, Reduction, ReinterpretView)
-from ..sizes import contiguous_strides
+from ..sizes import (SizeEnv, SymbolicUnsupported, contiguous_strides, known_eq, size_hint,
+                     statically_true, to_expr, to_stride)
 from .common import SUPPORTED_DTYPES
 from .registry import EXTERN_OPS, LOWERINGS, Unsupported, set_current
 
@@ -27,23 +29,52 @@ INLINE_MULTI_USE_OPS = 4
 MAX_INLINE_OPS = 64
 
 
-def dense_stride(size: Sequence[int], stride: Sequence[int]) -> list[int]:
-    """``stride`` if it describes a dense non-overlapping layout of ``size``, else contiguous."""
+def dense_stride(size: Sequence[Any], stride: Sequence[Any]) -> list[Any]:
+    """``stride`` if it describes a dense non-overlapping layout of ``size``, else contiguous.
+    Symbolic strides are ordered by their example values, then checked exactly."""
     dims = [i for i, s in enumerate(size) if s != 1]
-    order = sorted(dims, key=lambda i: (stride[i], -i))
-    acc = 1
+    if all(isinstance(x, int) for x in list(size) + list(stride)):
+        order = sorted(dims, key=lambda i: (stride[i], -i))
+        acc = 1
+        for i in order:
+            if stride[i] != acc:
+                return contiguous_strides(size)
+            acc *= size[i]
+        # size-1 dims: any stride is equivalent; keep eager's
+        return list(stride)
+    order = sorted(dims, key=lambda i: (size_hint(stride[i]), -i))
+    acc: Any = 1
     for i in order:
-        if stride[i] != acc:
+        if not known_eq(stride[i], acc):
             return contiguous_strides(size)
-        acc *= size[i]
-    out = list(stride)
-    # size-1 dims: any stride is equivalent; keep eager's
-    return out
+        acc = acc * size[i]
+    return list(stride)
 
 
-def layout_of(t: torch.Tensor, offset: int = 0) -> Layout:
-    return Layout(tuple(int(s) for s in t.shape), tuple(int(s) for s in t.stride()), t.dtype,
-                  t.device, offset)
+def layout_of(t: torch.Tensor, offset: Any = 0) -> Layout:
+    return Layout(tuple(to_expr(s) for s in t.shape), tuple(to_stride(s) for s in t.stride()),
+                  t.dtype, t.device, offset)
+
+
+def shape_of(t: Any) -> list[Any]:
+    """A tensor's (meta's) sizes: ints, or sympy expressions for symbolic ones."""
+    return [to_expr(s) for s in t.shape]
+
+
+_SYM_TYPES = (torch.SymInt, torch.SymBool, torch.SymFloat)
+_SIZE_OPS = {torch.ops.aten.sym_size.int, torch.ops.aten.sym_stride.int,
+             torch.ops.aten.sym_numel.default, torch.ops.aten.sym_storage_offset.default}
+
+
+def _is_size_op(target: Any) -> bool:
+    """Ops that compute on sizes (never on tensor data)."""
+    if target in _SIZE_OPS:
+        return True
+    mod = getattr(target, "__module__", None)
+    return mod in ("_operator", "operator", "math") or getattr(target, "__name__", "").startswith(
+        "sym_")
+# ops on sizes that assert a relation the graph's guards already imply
+_ASSERT_OPS = {torch.ops.aten._assert_scalar.default}
 
 
 class GraphLowering:
@@ -60,6 +91,12 @@ class GraphLowering:
         self._cse: dict[Any, torch.fx.Node] = {}
         self._realized: dict[int, tuple[IRNode, Buffer]] = {}
         self._canon: dict[torch.fx.Node, torch.fx.Node] = {}
+        # symbolic sizes: every placeholder's wrapper argument name, in order, and where each
+        # size symbol is read from (``s0 -> "arg0.size(0)"``)
+        self.size_env = SizeEnv()
+        self.arg_names: list[str] = []
+        self.sym_bindings: dict[str, str] = {}
+        self._placeholders: list[tuple[str, Any]] = []
 
     # -- naming / realizing ----------------------------------------------------------------
     def new_name(self, prefix: str = "buf") -> str:
@@ -92,8 +129,11 @@ class GraphLowering:
 
     def realize_like_meta(self, value: IRNode, meta: Any) -> IRNode:
         stride = None
-        if isinstance(meta, torch.Tensor) and list(meta.shape) == list(value.get_size()):
-            stride = dense_stride([int(s) for s in meta.shape], [int(s) for s in meta.stride()])
+        if isinstance(meta, torch.Tensor):
+            shape = shape_of(meta)
+            size = value.get_size()
+            if len(shape) == len(size) and all(known_eq(a, b) for a, b in zip(shape, size)):
+                stride = dense_stride(shape, [to_stride(s) for s in meta.stride()])
         return self.realize(value, stride)
 
     # -- fallback ----------------------------------------------------------------------------
@@ -135,22 +175,64 @@ class GraphLowering:
 
     # -- the walk ----------------------------------------------------------------------------
     def run(self) -> "GraphLowering":
+        from ..sizes import current_size_env, size_env
+
+        env = current_size_env()
+        if env is None:
+            env = self.size_env
+        self.size_env = env
         set_current(self)
         try:
-            for node in self.gm.graph.nodes:
-                self.node = node
-                self.env[node] = self.lower_node(node)
+            with size_env(env):
+                for node in self.gm.graph.nodes:
+                    self.node = node
+                    self.env[node] = self.lower_node(node)
+                self._bind_symbols()
         finally:
             set_current(None)
             self.node = None
         return self
 
+    def _bind_symbols(self) -> None:
+        """Where the wrapper reads each size symbol: the first placeholder that carries it bare
+        (a tensor's size, stride or storage offset, or a SymInt argument)."""
+        if not self.size_env.hints:
+            return
+        bind: dict[str, str] = {}
+
+        def take(e: Any, src: str) -> None:
+            if not isinstance(e, int) and getattr(e, "is_Symbol", False) and e.name not in bind:
+                bind[e.name] = src
+
+        for name, v in self._placeholders:
+            if isinstance(v, torch.Tensor):
+                for d, sz in enumerate(v.shape):
+                    take(to_expr(sz), f"{name}.size({d})")
+        for name, v in self._placeholders:
+            if isinstance(v, torch.Tensor):
+                for d, st in enumerate(v.stride()):
+                    take(to_expr(st), f"{name}.stride({d})")
+                take(to_expr(v.storage_offset()), f"{name}.storage_offset()")
+            else:
+                take(to_expr(v), name)
+        missing = sorted(s.name for s in self.size_env.hints if s.name not in bind)
+        if missing:
+            raise SymbolicUnsupported(f"size symbols {', '.join(missing)} are not sizes of an "
+                                      "input nor SymInt inputs")
+        used = {s.name for s in self.size_env.hints}
+        self.sym_bindings = {k: v for k, v in bind.items() if k in used}
+
     def lower_node(self, node: torch.fx.Node) -> Any:
         if node.op == "placeholder":
             meta = node.meta.get("val")
+            name = f"arg{len(self.arg_names)}"
+            self.arg_names.append(name)
+            self._placeholders.append((name, meta))
+            if isinstance(meta, (torch.SymInt, int)) and not isinstance(meta, bool):
+                return to_expr(meta)  # a size (or int) argument: bound in the wrapper
             if not isinstance(meta, torch.Tensor):
                 raise Unsupported(f"non-tensor graph input {node.name}")
-            buf = InputBuffer(f"arg{len(self.inputs)}", layout_of(meta), len(self.inputs))
+            buf = InputBuffer(name, layout_of(meta), len(self.inputs))
             self.inputs.append(buf)
             return buf
         if node.op == "get_attr":
@@ -174,6 +256,25 @@ class GraphLowering:
             return None
         if node.op != "call_function":
             raise Unsupported(f"fx op {node.op}")
+        val = node.meta.get("val")
+        if node.target in _ASSERT_OPS:
+            cond = self.env.get(node.args[0]) if isinstance(node.args[0], torch.fx.Node) \
+                else node.args[0]
+            if cond is True or statically_true(cond):
+                return None
+            raise SymbolicUnsupported(f"runtime assertion on sizes: {node.format_node()}")
+        if isinstance(val, _SYM_TYPES) or (isinstance(val, int) and _is_size_op(node.target)):
+            # arithmetic on sizes (aten.sym_size, operator.mul, ...): its value is the
+            # expression the trace recorded, over the graph's size symbols
+            if isinstance(val, torch.SymBool):
+                from ..sizes import _convert
+                e = val.node.expr
+                if e in (sympy.true, sympy.false):
+                    return bool(e)
+                return _convert(e)
+            if isinstance(val, (torch.SymFloat, float)):
+                raise SymbolicUnsupported(f"float size arithmetic {node.format_node()}")
+            return to_expr(val)
         key = self._cse_key(node)
         if key is not None:
             prior = self._cse.get(key)

@@ -9,7 +9,7 @@ import torch
 
 from ..ir import Pointwise
 from ..virtualized import ops
-from .common import check_dtype, is_value, loader, meta
+from .common import check_dtype, is_value, loader, meta, shape_of
 from .registry import Unsupported, register
 
 aten = torch.ops.aten
@@ -25,7 +25,7 @@ def embedding(weight: Any, indices: Any, padding_idx: int = -1, scale_grad_by_fr
               sparse: bool = False) -> Any:
     _index_dtype_ok(indices)
     m = meta()
-    size = [int(s) for s in m.shape]
+    size = shape_of(m)
     wl = weight.make_loader()
     il = indices.make_loader()
     nrows = weight.get_size()[0]
@@ -42,7 +42,7 @@ def embedding(weight: Any, indices: Any, padding_idx: int = -1, scale_grad_by_fr
 def index_select(x: Any, dim: int, index: Any) -> Any:
     _index_dtype_ok(index)
     m = meta()
-    size = [int(s) for s in m.shape]
+    size = shape_of(m)
     n = len(x.get_size())
     if n == 0:
         raise Unsupported("0-d index_select")
@@ -63,7 +63,7 @@ def index_select(x: Any, dim: int, index: Any) -> Any:
 def gather(x: Any, dim: int, index: Any, sparse_grad: bool = False) -> Any:
     _index_dtype_ok(index)
     m = meta()
-    size = [int(s) for s in m.shape]
+    size = shape_of(m)
     n = len(x.get_size())
     if n == 0:
         raise Unsupported("0-d gather")
@@ -81,7 +81,7 @@ def gather(x: Any, dim: int, index: Any, sparse_grad: bool = False) -> Any:
 @register(aten.index.Tensor)
 def index(x: Any, indices: Sequence[Any]) -> Any:
     m = meta()
-    out_size = [int(s) for s in m.shape]
+    out_size = shape_of(m)
     xsize = x.get_size()
     indices = list(indices) + [None] * (len(xsize) - len(indices))
     where = [i for i, t in enumerate(indices) if t is not None]
@@ -91,7 +91,7 @@ def index(x: Any, indices: Sequence[Any]) -> Any:
             raise Unsupported("boolean or non-integer index")  # data-dependent shape
     if not where:
         raise Unsupported("index without tensors")
-    bshape = list(torch.broadcast_shapes(*[tuple(indices[i].get_size()) for i in where]))
+    bshape = _broadcast([list(indices[i].get_size()) for i in where])
     nb = len(bshape)
     adjacent = where == list(range(where[0], where[-1] + 1))
     first = where[0] if adjacent else 0
@@ -114,3 +114,22 @@ def index(x: Any, indices: Sequence[Any]) -> Any:
 
     check_dtype(m.dtype)
     return Pointwise(m.device, m.dtype, out_size, inner, 2 + len(where))
+
+
+def _broadcast(shapes: Sequence[Sequence[Any]]) -> list[Any]:
+    """torch.broadcast_shapes over sizes that may be symbolic (a symbolic size broadcasts only
+    with 1 or an equal size)."""
+    from ..sizes import known_eq
+
+    n = max(len(sh) for sh in shapes)
+    out: list[Any] = [1] * n
+    for sh in shapes:
+        for i, v in enumerate(sh):
+            j = n - len(sh) + i
+            if v == 1:
+                continue
+            if out[j] == 1:
+                out[j] = v
+            elif not known_eq(out[j], v):
+                raise Unsupported("index tensors of mismatched sizes")
+    return out

@@ -9,7 +9,9 @@ import torch
 
 from ..ir import Pointwise
 from ..virtualized import ops
-from .common import check_dtype, is_value, loader, meta, pointwise, promote
+from ..sizes import to_expr
+from .common import (check_dtype, is_size_expr, is_value, loader, meta, pointwise, promote,
+                     shape_of)
 from .registry import Unsupported, register
 
 aten = torch.ops.aten
@@ -145,7 +147,7 @@ def pow_(a: Any, b: Any) -> Any:
 @register(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
 def where(c: Any, a: Any, b: Any) -> Any:
     m = meta()
-    size = [int(s) for s in m.shape]
+    size = shape_of(m)
     lc = loader(c, size, torch.bool)
     la, lb = loader(a, size, m.dtype), loader(b, size, m.dtype)
     check_dtype(m.dtype)
@@ -266,11 +268,14 @@ def lift_fresh_copy(x: Any) -> Any:
 
 def _const(value: Any) -> Any:
     m = meta()
+    check_dtype(m.dtype)
+    size = shape_of(m)
+    dt = m.dtype
+    if is_size_expr(value):
+        return Pointwise(m.device, dt, size, lambda i: ops.to_dtype(
+            ops.index_expr(value, torch.int64), dt), 1)
     if not isinstance(value, (bool, int, float)):
         raise Unsupported("non-constant fill")
-    check_dtype(m.dtype)
-    size = [int(s) for s in m.shape]
-    dt = m.dtype
     return Pointwise(m.device, dt, size, lambda i: ops.constant(value, dt), 1)
 
 
@@ -317,7 +322,7 @@ def fill(x: Any, value: Any) -> Any:
 @register(aten.arange.start_step, aten.arange.start, aten.arange.default)
 def arange(*args: Any, **kwargs: Any) -> Any:
     m = meta()
-    nums = [a for a in args if isinstance(a, (int, float))]
+    nums = [a for a in args if isinstance(a, (int, float)) or is_size_expr(a)]
     if len(nums) == 1:
         start, step = 0, 1
     elif len(nums) == 2:
@@ -326,11 +331,13 @@ def arange(*args: Any, **kwargs: Any) -> Any:
         start, step = nums[0], nums[2]
     else:
         raise Unsupported("arange arguments")
-    if not all(isinstance(v, int) for v in (start, step)):
+    if not all(isinstance(v, int) or is_size_expr(v) for v in (start, step)):
         raise Unsupported("float arange")  # ATen computes these in double; keep exact
+    if not isinstance(step, int):
+        raise Unsupported("symbolic arange step")
     dt = m.dtype
     check_dtype(dt)
-    n = int(m.shape[0])
+    n = to_expr(m.shape[0])
     return Pointwise(m.device, dt, [n], lambda i: ops.to_dtype(
         ops.index_expr(start + i[0] * step, torch.int64), dt), 1)
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import sympy
 import torch
 
 from ..ir import Pointwise, Reduction
-from ..sizes import product
+from ..sizes import product, statically_true
 from ..virtualized import ops
-from .common import check_dtype, is_value, loader, meta
+from .common import check_dtype, is_value, loader, meta, size_value
 from .registry import Unsupported, current, register
 
 aten = torch.ops.aten
@@ -105,7 +106,7 @@ def mean(x: Any, dims: Any = None, keepdim: bool = False, dtype: Any = None) -> 
     s = _sum(x, d, keepdim, out_dtype)
     ld = s.make_loader()
     return Pointwise(x.device, out_dtype, s.get_size(),
-                     lambda i: ops.truediv(ld(i), ops.constant(n, out_dtype)), 2)
+                     lambda i: ops.truediv(ld(i), size_value(n, out_dtype)), 2)
 
 
 @register(aten.prod.dim_int, aten.prod.default)
@@ -178,7 +179,7 @@ def _var_mean(x: Any, dims: Any, correction: Any, keepdim: bool) -> tuple[Any, A
     s = reduce(x, d, True, "sum", calc)
     sl = s.make_loader()
     mean_keep = Pointwise(x.device, calc, s.get_size(),
-                          lambda i: ops.truediv(sl(i), ops.constant(n, calc)), 2)
+                          lambda i: ops.truediv(sl(i), size_value(n, calc)), 2)
     ml = loader(mean_keep, x.get_size())
     xl = x.make_loader()
 
@@ -187,12 +188,17 @@ def _var_mean(x: Any, dims: Any, correction: Any, keepdim: bool) -> tuple[Any, A
         ops.sub(ops.to_dtype(xl(i), calc), ml(i))), 3)
     ss = reduce(centered, d, keepdim, "sum", calc)
     ssl = ss.make_loader()
-    denom = max(0, n - corr)
+    if isinstance(n, int) and isinstance(corr, (int, float)):
+        denom: Any = max(0, n - corr)
+    elif isinstance(corr, int) and statically_true(sympy.sympify(n) >= corr):
+        denom = n - corr
+    else:
+        raise Unsupported("var with a correction that may exceed the symbolic count")
     var = Pointwise(x.device, dt, ss.get_size(), lambda i: ops.to_dtype(
-        ops.truediv(ssl(i), ops.constant(denom, calc)), dt), 2)
+        ops.truediv(ssl(i), size_value(denom, calc)), dt), 2)
     if keepdim:
         mean = Pointwise(x.device, dt, s.get_size(), lambda i: ops.to_dtype(
-            ops.truediv(sl(i), ops.constant(n, calc)), dt), 2)
+            ops.truediv(sl(i), size_value(n, calc)), dt), 2)
     else:
         kept = [s_ for i, s_ in enumerate(size) if i not in d]
         keep_idx = [i for i in range(len(size)) if i not in d]
@@ -201,7 +207,7 @@ def _var_mean(x: Any, dims: Any, correction: Any, keepdim: bool) -> tuple[Any, A
             full = [0] * len(size)
             for j, k in enumerate(keep_idx):
                 full[k] = i[j]
-            return ops.to_dtype(ops.truediv(sl(full), ops.constant(n, calc)), dt)
+            return ops.to_dtype(ops.truediv(sl(full), size_value(n, calc)), dt)
         mean = Pointwise(x.device, dt, kept, mean_fn, 2)
     return var, mean
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+import sympy
 import torch
 
 from ..ir import Buffer, IRNode, Layout, Pointwise, ReinterpretView
-from ..sizes import FloorDiv, ModularIndexing, contiguous_strides, product
+from ..sizes import (FloorDiv, ModularIndexing, contiguous_strides, is_symbolic, known_eq,
+                     product, size_hint, statically_true, to_expr, to_stride)
 from ..virtualized import ops
-from .common import is_value, loader, meta
+from .common import is_value, loader, meta, shape_of, size_value
 from .registry import Unsupported, current, register
 
 aten = torch.ops.aten
@@ -25,14 +27,16 @@ def _storage_view(x: IRNode, in_meta: Any, out_meta: Any) -> IRNode | None:
     if not isinstance(x, (Buffer, ReinterpretView)) or not isinstance(in_meta, torch.Tensor):
         return None
     lay = x.layout
-    if list(lay.size) != [int(s) for s in in_meta.shape]:
+    in_shape = shape_of(in_meta)
+    if len(lay.size) != len(in_shape) or not all(known_eq(a, b) for a, b in zip(lay.size, in_shape)):
         return None
-    if any(sz != 1 and st != int(ms) for sz, st, ms in zip(lay.size, lay.stride, in_meta.stride())):
+    if any(sz != 1 and not known_eq(st, to_stride(ms))
+           for sz, st, ms in zip(lay.size, lay.stride, in_meta.stride())):
         return None
     storage = x.storage()
-    offset = lay.offset + int(out_meta.storage_offset()) - int(in_meta.storage_offset())
-    return ReinterpretView(storage, Layout(tuple(int(s) for s in out_meta.shape),
-                                           tuple(int(s) for s in out_meta.stride()),
+    offset = lay.offset + to_expr(out_meta.storage_offset()) - to_expr(in_meta.storage_offset())
+    return ReinterpretView(storage, Layout(tuple(shape_of(out_meta)),
+                                           tuple(to_stride(s) for s in out_meta.stride()),
                                            x.dtype, x.device, offset))
 
 
@@ -52,7 +56,7 @@ def view_op(x: Any, remap: Remap | None) -> IRNode:
                 return v
         raise Unsupported("view of this layout")
     ld = x.make_loader()
-    size = [int(s) for s in out_meta.shape]
+    size = shape_of(out_meta)
     return Pointwise(x.device, x.dtype, size, lambda idx: ld(remap(idx)), x.op_count())
 
 
@@ -91,7 +95,7 @@ def transpose(x: Any, d0: int, d1: int) -> Any:
 @register(aten.expand.default)
 def expand(x: Any, size: Sequence[int], implicit: bool = False) -> Any:
     in_size = x.get_size()
-    out_size = [int(s) for s in meta().shape]
+    out_size = shape_of(meta())
     n, k = len(out_size), len(in_size)
 
     def remap(idx: Sequence[Any]) -> list[Any]:
@@ -128,10 +132,12 @@ def slice_(x: Any, dim: int = 0, start: Any = None, end: Any = None, step: int =
     size = x.get_size()
     d = dim % len(size)
     n = size[d]
-    s = 0 if start is None else start
-    if s < 0:
-        s += n
-    s = min(max(s, 0), n)
+    if not isinstance(step, int):
+        raise Unsupported("symbolic slice step")
+    try:
+        s = _clamp_index(0 if start is None else start, n)
+    except Unsupported:
+        return view_op(x, None)  # a view of the storage needs no bound arithmetic
 
     def remap(idx: Sequence[Any]) -> list[Any]:
         out = list(idx)
@@ -140,17 +146,48 @@ def slice_(x: Any, dim: int = 0, start: Any = None, end: Any = None, step: int =
     return view_op(x, remap)
 
 
+def _clamp_index(s: Any, n: Any) -> Any:
+    """A slice bound ``s`` normalized into [0, n] as Python does; symbolic bounds only where the
+    result is known for every size (else the op falls back to ATen)."""
+    if isinstance(s, int) and isinstance(n, int):
+        if s < 0:
+            s += n
+        return min(max(s, 0), n)
+    if isinstance(s, int) and s >= (1 << 62):
+        return n  # "to the end"
+    if statically_true(sympy.sympify(s) >= 0):
+        if statically_true(sympy.sympify(s) <= n):
+            return s
+        if statically_true(sympy.sympify(s) >= n):
+            return n
+    elif statically_true(sympy.sympify(s) < 0):
+        t = s + n
+        if statically_true(sympy.sympify(t) >= 0):
+            return t
+    raise Unsupported(f"slice bound {s} of a dim of size {n}")
+
+
 @register(aten.select.int)
 def select(x: Any, dim: int, index: int) -> Any:
     size = x.get_size()
     d = dim % len(size)
-    i0 = index + size[d] if index < 0 else index
+    i0 = _select_index(index, size[d])
 
     def remap(idx: Sequence[Any]) -> list[Any]:
         out = list(idx)
         out.insert(d, i0)
         return out
     return view_op(x, remap)
+
+
+def _select_index(index: Any, n: Any) -> Any:
+    if isinstance(index, int):
+        return index + n if index < 0 else index
+    if statically_true(sympy.sympify(index) >= 0):
+        return index
+    if statically_true(sympy.sympify(index) < 0):
+        return index + n
+    raise Unsupported(f"select index {index} of unknown sign")
 
 
 def reshape_remap(old: Sequence[Any], new: Sequence[Any]) -> Remap:
@@ -160,19 +197,23 @@ def reshape_remap(old: Sequence[Any], new: Sequence[Any]) -> Remap:
     i = j = 0
     old = list(old)
     new = list(new)
+    symbolic = any(is_symbolic(v) for v in old + new)
+    # symbolic sizes: dims are grouped by their example values, and every group's products are
+    # then checked to be equal for all sizes (else the reshape falls back to ATen)
+    h = size_hint if symbolic else (lambda v: v)
     while i < len(old) or j < len(new):
         gi, gj = [], []
         po = pn = 1
         # always take at least one dim from each side that has dims left
         if i < len(old):
-            gi.append(i); po *= old[i]; i += 1
+            gi.append(i); po *= h(old[i]); i += 1
         if j < len(new):
-            gj.append(j); pn *= new[j]; j += 1
+            gj.append(j); pn *= h(new[j]); j += 1
         while po != pn:
             if po < pn and i < len(old):
-                gi.append(i); po *= old[i]; i += 1
+                gi.append(i); po *= h(old[i]); i += 1
             elif j < len(new):
-                gj.append(j); pn *= new[j]; j += 1
+                gj.append(j); pn *= h(new[j]); j += 1
             else:
                 break
         # absorb trailing size-1 dims
@@ -181,6 +222,8 @@ def reshape_remap(old: Sequence[Any], new: Sequence[Any]) -> Remap:
         while j < len(new) and new[j] == 1 and (i >= len(old) or old[i] != 1):
             gj.append(j); j += 1
         groups.append((gi, gj))
+        if symbolic and not known_eq(product([old[k] for k in gi]), product([new[k] for k in gj])):
+            raise Unsupported("reshape whose dim groups match only for the example sizes")
 
     def remap(idx: Sequence[Any]) -> list[Any]:
         out: list[Any] = [0] * len(old)
@@ -207,8 +250,8 @@ def reshape_remap(old: Sequence[Any], new: Sequence[Any]) -> Remap:
 @register(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 def view(x: Any, size: Sequence[Any]) -> Any:
     old = x.get_size()
-    new = [int(s) for s in meta().shape]
-    if product(old) != product(new):
+    new = shape_of(meta())
+    if not known_eq(product(old), product(new)):
         raise Unsupported("reshape with mismatched numel")
     remap = reshape_remap(old, new)
     if isinstance(x, Pointwise) and _divides(remap, len(new)):
@@ -257,7 +300,7 @@ def _split(x: Any, sizes: Sequence[int], dim: int) -> list[Any]:
                 out = list(idx)
                 out[d] = idx[d] + s0
                 return out
-            v = Pointwise(x.device, x.dtype, [int(s) for s in m.shape],
+            v = Pointwise(x.device, x.dtype, shape_of(m),
                           (lambda ld, remap: lambda idx: ld(remap(idx)))(ld, remap), x.op_count())
         outs.append(v)
         start += sz
@@ -273,7 +316,7 @@ def split_with_sizes(x: Any, sizes: Sequence[int], dim: int = 0) -> Any:
 def split(x: Any, split_size: int, dim: int = 0) -> Any:
     metas = current().node.meta["val"]
     n = len(x.get_size())
-    return _split(x, [int(m.shape[dim % n]) for m in metas], dim)
+    return _split(x, [to_expr(m.shape[dim % n]) for m in metas], dim)
 
 
 @register(aten.unbind.int)
@@ -282,7 +325,7 @@ def unbind(x: Any, dim: int = 0) -> Any:
     d = dim % n
     outs = []
     ld = x.make_loader()
-    for k in range(x.get_size()[d]):
+    for k in range(len(current().node.meta["val"])):
         size = [s for i, s in enumerate(x.get_size()) if i != d]
         outs.append(Pointwise(x.device, x.dtype, size, (lambda k: lambda idx: ld(
             list(idx[:d]) + [k] + list(idx[d:])))(k), x.op_count()))
@@ -293,7 +336,7 @@ def unbind(x: Any, dim: int = 0) -> Any:
 @register(aten.cat.default)
 def cat(tensors: Sequence[Any], dim: int = 0) -> Any:
     m = meta()
-    out_size = [int(s) for s in m.shape]
+    out_size = shape_of(m)
     d = dim % len(out_size)
     parts = [t for t in tensors if is_value(t) and not (len(t.get_size()) == 1 and t.get_size()[0] == 0
                                                        and len(out_size) > 1)]
@@ -321,7 +364,7 @@ def cat(tensors: Sequence[Any], dim: int = 0) -> Any:
                 result, first = body(), False
                 continue
             cond = ops.lt(ops.index_expr(idx[d], torch.int64),
-                          ops.constant(s0 + parts[k].get_size()[d], torch.int64))
+                          size_value(s0 + parts[k].get_size()[d]))
             result = ops.where(cond, ops.masked(cond, body, 0, dt), result)
         return result
 
@@ -334,9 +377,11 @@ def cat(tensors: Sequence[Any], dim: int = 0) -> Any:
 @register(aten.constant_pad_nd.default)
 def constant_pad_nd(x: Any, pad: Sequence[int], value: Any = 0) -> Any:
     m = meta()
-    out_size = [int(s) for s in m.shape]
+    out_size = shape_of(m)
     n = len(out_size)
     in_size = x.get_size()
+    if not all(isinstance(p, int) for p in pad):
+        raise Unsupported("symbolic padding")
     lo = [0] * n
     for k in range(len(pad) // 2):
         lo[n - 1 - k] = pad[2 * k]
@@ -347,11 +392,11 @@ def constant_pad_nd(x: Any, pad: Sequence[int], value: Any = 0) -> Any:
         src = [i - l for i, l in zip(idx, lo)]
         cond = None
         for k in range(n):
-            if lo[k] == 0 and out_size[k] <= in_size[k]:
+            if lo[k] == 0 and statically_true(sympy.sympify(out_size[k]) <= in_size[k]):
                 continue
             e = ops.index_expr(src[k], torch.int64)
             c = ops.logical_and(ops.ge(e, ops.constant(0, torch.int64)),
-                                ops.lt(e, ops.constant(in_size[k], torch.int64)))
+                                ops.lt(e, size_value(in_size[k])))
             cond = c if cond is None else ops.logical_and(cond, c)
         if cond is None:
             return ld(src)
@@ -366,25 +411,26 @@ def constant_pad_nd(x: Any, pad: Sequence[int], value: Any = 0) -> Any:
 def slice_scatter(base: Any, src: Any, dim: int = 0, start: Any = None, end: Any = None,
                   step: int = 1) -> Any:
     m = meta()
-    size = [int(s) for s in m.shape]
+    size = shape_of(m)
     d = dim % len(size)
     n = size[d]
-    s = 0 if start is None else start
-    if s < 0:
-        s += n
-    s = min(max(s, 0), n)
-    e = n if end is None else end
-    if e < 0:
-        e += n
-    e = min(max(e, s), n)
+    if not isinstance(step, int):
+        raise Unsupported("symbolic slice step")
+    s = _clamp_index(0 if start is None else start, n)
+    if isinstance(s, int) and isinstance(n, int):
+        e = _clamp_index(n if end is None else end, n)
+        e = max(e, s)
+    else:
+        # symbolic: the slice holds exactly src's elements along d (ATen checks that), so the
+        # end follows from the start and src's size, whatever ``end`` was clamped to
+        e = s + step * src.get_size()[d]
     bl = loader(base, size, m.dtype)
     sl = src.make_loader()
     dt = m.dtype
 
     def inner(idx: Sequence[Any]) -> Any:
         i = ops.index_expr(idx[d], torch.int64)
-        cond = ops.logical_and(ops.ge(i, ops.constant(s, torch.int64)),
-                               ops.lt(i, ops.constant(e, torch.int64)))
+        cond = ops.logical_and(ops.ge(i, size_value(s)), ops.lt(i, size_value(e)))
         if step != 1:
             cond = ops.logical_and(cond, ops.eq(
                 ops.index_expr(ModularIndexing(idx[d] - s, 1, step), torch.int64),
@@ -403,15 +449,15 @@ def slice_scatter(base: Any, src: Any, dim: int = 0, start: Any = None, end: Any
 @register(aten.select_scatter.default)
 def select_scatter(base: Any, src: Any, dim: int, index: int) -> Any:
     m = meta()
-    size = [int(s) for s in m.shape]
+    size = shape_of(m)
     d = dim % len(size)
-    i0 = index + size[d] if index < 0 else index
+    i0 = _select_index(index, size[d])
     bl = loader(base, size, m.dtype)
     sl = src.make_loader()
     dt = m.dtype
 
     def inner(idx: Sequence[Any]) -> Any:
-        cond = ops.eq(ops.index_expr(idx[d], torch.int64), ops.constant(i0, torch.int64))
+        cond = ops.eq(ops.index_expr(idx[d], torch.int64), size_value(i0))
         sub = [i for k, i in enumerate(idx) if k != d]
 
         def body() -> Any:
