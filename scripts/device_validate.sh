@@ -24,6 +24,7 @@ i=0; for shard in $(python3 -c "
 import sys; n=sys.argv[1:]; print(' '.join(','.join(n[k::3]) for k in range(3)))" $NAMES); do
   ( EMBER_HF_ORACLE=/tmp/oracle_$i.json timeout $T python3 -m tests.hf.regen_oracle ${shard//,/ } >/tmp/regen_$i.log 2>&1 ) &
   i=$((i+1)); done
+( timeout $T python3 scripts/device_diag.py mixtral qwen2_moe >"$OUT/diag.log" 2>&1 ) &
 wait
 cat /tmp/regen_*.log >"$OUT/regen.log"
 python3 - <<'PY' >"$OUT/oracle_2_11.json"
