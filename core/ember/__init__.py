@@ -41,9 +41,10 @@ def allow_in_graph(fn):  # noqa: ANN001, ANN201 - documented in the user guide
 
 def explain(fn, **compile_kwargs):  # noqa: ANN001, ANN201
     """``ember.explain(fn)(*args)`` runs fn once under Ember and returns an ExplainReport."""
+    from .api import compile as _compile, reset as _reset
     from .capture.explain import explain as _explain
 
-    return _explain(fn, **compile_kwargs)
+    return _explain(fn, compile_fn=_compile, reset_fn=_reset, **compile_kwargs)
 
 
 def __getattr__(name: str):  # noqa: ANN202

@@ -14,9 +14,24 @@ from .exc import BackendCompilerFailed, EmberError, InferenceOnlyBackend
 from .plugins import Backend, graph_passes
 from .state import global_state, set_global_state
 
-__all__ = ["compile_graph", "call_backend", "check_outputs"]
+__all__ = ["compile_graph", "call_backend", "check_outputs", "takes_symbolic"]
 
 log = logging.getLogger("ember.backends")
+
+
+def takes_symbolic(backend: Any) -> bool:
+    """Can ``backend`` compile graphs with symbolic sizes? ``level="torch"`` backends run the
+    torch-level graph, which is valid for every size; ``level="aten"`` ones go through AOT
+    autograd, which declares it with ``ember.aot.SUPPORTS_DYNAMIC`` (until then they compile
+    static graphs: one per shape, as before). (Here rather than in capture: capture does not
+    import the stages after it.)"""
+    if getattr(backend, "level", "torch") != "aten":
+        return True
+    try:
+        from . import aot
+    except Exception:
+        return False
+    return bool(getattr(aot, "SUPPORTS_DYNAMIC", False))
 
 
 def _needs_grad(example_inputs: Sequence[Any]) -> bool:

@@ -23,7 +23,6 @@ import torch
 import torch.fx
 
 from .. import _logging, events
-from ..backends import compile_graph
 from ..context import InputInfo, graph_id_for
 from ..state import global_state, set_global_state
 from ..exc import Unsupported
@@ -107,7 +106,7 @@ def _fold_grad_switches(graph: torch.fx.Graph, initial: bool) -> tuple[bool, boo
 
 
 def convert_frame(fn: Callable[..., Any], args: tuple, kwargs: dict, *, backend: Any,
-                  options: dict[str, Any], fullgraph: bool,
+                  options: dict[str, Any], compile_graph: Callable[..., Any], fullgraph: bool,
                   root_module: bool = False, policy: Any = None) -> Callable[..., Any]:
     """Capture ``fn(*args, **kwargs)``; returns its entry. ``root_module``: ``fn`` is the
     ``forward`` of the module ``args[0]`` that ``ember.compile`` wrapped, called without
@@ -122,14 +121,16 @@ def convert_frame(fn: Callable[..., Any], args: tuple, kwargs: dict, *, backend:
         extra = (f"not ({me})._forward_pre_hooks and not ({me})._forward_hooks and "
                  f"'forward' not in ({me}).__dict__ and type({me}).forward is ___fn",)
     return _convert_frame(fn, args, kwargs, backend=backend, options=options,
+                          compile_graph=compile_graph,
                           fullgraph=fullgraph, extra_guards=extra, policy=policy)
 
 
 def _convert_frame(fn: Callable[..., Any], args: tuple, kwargs: dict, *, backend: Any,
-                   options: dict[str, Any], fullgraph: bool,
+                   options: dict[str, Any], compile_graph: Callable[..., Any], fullgraph: bool,
                    extra_guards: tuple[str, ...], policy: Any = None) -> Callable[..., Any]:
     try:
-        return _convert(fn, args, kwargs, backend, options, None, None, extra_guards, policy)
+        return _convert(fn, args, kwargs, backend, options, None, None, extra_guards, policy,
+                        compile_graph)
     except Unsupported as e:
         bp = getattr(e, "break_point", None)
         if fullgraph or bp is None:
@@ -141,7 +142,8 @@ def _convert_frame(fn: Callable[..., Any], args: tuple, kwargs: dict, *, backend
         skip.skip_frame = True  # type: ignore[attr-defined]  (frame.py: nested compile)
         raise skip from first
     try:
-        return _convert(fn, args, kwargs, backend, options, bp, first, extra_guards, policy)
+        return _convert(fn, args, kwargs, backend, options, bp, first, extra_guards, policy,
+                        compile_graph)
     except Unsupported as e2:
         if e2 is first or getattr(e2, "break_point", None) is not None:
             raise first
@@ -223,7 +225,8 @@ def list_breaks(fn: Callable[..., Any], args: tuple, kwargs: dict) -> list[Unsup
 def _convert(fn: Callable[..., Any], args: tuple, kwargs: dict, backend: Any,
              options: dict[str, Any], break_at: tuple[int, int] | None,
              reason: Unsupported | None, extra_guards: tuple[str, ...] = (),
-             policy: Any = None) -> Callable[..., Any]:
+             policy: Any = None, compile_graph: Callable[..., Any] | None = None
+             ) -> Callable[..., Any]:
     t0 = time.perf_counter()
     code: types.CodeType = fn.__code__
     if code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR):
@@ -371,17 +374,21 @@ def _convert(fn: Callable[..., Any], args: tuple, kwargs: dict, backend: Any,
     cap.entry_source = entry_source(fn, out, gm is not None, input_exprs, body, prologue)
     events.emit("timing", stage="capture", function=code.co_name,
                 seconds=time.perf_counter() - t0)
-    return compile_capture(fn, cap, out, input_exprs, prologue, backend, options)
+    return compile_capture(fn, cap, out, input_exprs, prologue, backend, options, compile_graph)
 
 
 def compile_capture(fn: Callable[..., Any], cap: Capture, out: OutputGraph,
                     input_exprs: list[str], prologue: tuple[str, ...], backend: Any,
-                    options: dict[str, Any]) -> Callable[..., Any]:
-    """The second step: compile the captured graph with ``backend`` and build the entry."""
+                    options: dict[str, Any], compile_graph: Callable[..., Any] | None
+                    ) -> Callable[..., Any]:
+    """The second step: compile the captured graph with ``backend`` and build the entry.
+    ``compile_graph`` is the runtime's (:func:`ember.backends.compile_graph`), passed in:
+    capture does not import the stages after it."""
     code = fn.__code__
     compiled = None
     fake_mode = out.fake_mode if out.symbolic is not None and out.symbolic.has_symbols else None
     if cap.graph is not None:
+        assert compile_graph is not None, "compile_capture needs the runtime's compile_graph"
         infos = [InputInfo(i.kind, i.source, i.stable_address) for i in cap.inputs]
         extra = {"fake_mode": fake_mode} if fake_mode is not None else {}
         compiled = compile_graph(cap.graph, cap.example_inputs or [], backend, options,

@@ -107,15 +107,18 @@ class _Recorder:
             r.fallbacks.append((d.get("function", "?"), d.get("reason", "?")))
 
 
-def explain(fn: Callable[..., Any], **compile_kwargs: Any) -> Callable[..., ExplainReport]:
+def explain(fn: Callable[..., Any], *, compile_fn: Callable[..., Any],
+            reset_fn: Callable[[], None], **compile_kwargs: Any) -> Callable[..., ExplainReport]:
     """``ember.explain(fn, backend=...)(*args, **kwargs) -> ExplainReport``.
 
-    Clears Ember's caches first (as ``ember.reset()``) so that everything is captured afresh,
-    then calls ``fn`` once; ``report.result`` holds what it returned.
+    Clears Ember's caches first (``reset_fn``, ``ember.reset``) so that everything is captured
+    afresh, then calls ``fn`` once compiled with ``compile_fn`` (``ember.compile``, passed in by
+    the API layer: capture does not import the layers above it); ``report.result`` holds what
+    it returned.
     """
-    from ..api import compile as ember_compile
-    from ..api import reset
     from ..plugins import plugin_manager
+
+    ember_compile, reset = compile_fn, reset_fn
 
     compile_kwargs.setdefault("backend", "eager")
 

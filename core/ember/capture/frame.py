@@ -394,23 +394,25 @@ class CompiledFunction:
         return "<unknown>"
 
     def _compile(self, args: tuple, kwargs: dict) -> Callable[..., Any] | None:
+        from ..backends import compile_graph  # the runtime hands captures to the backends
         from .convert import convert_frame
 
         with _Compiling():
             return convert_frame(self.fn, args, kwargs, backend=self.backend, options=self.options,
-                                 fullgraph=self.fullgraph,
+                                 compile_graph=compile_graph, fullgraph=self.fullgraph,
                                  root_module=self._root_module, policy=self._policy(args, kwargs))
 
     def _policy(self, args: tuple, kwargs: dict) -> Any:
         """How this compile treats sizes (see ``output.DynamicPolicy``)."""
         from .output import DynamicPolicy
-        from .symbolic import backend_takes_symbolic, has_marks
+        from ..backends import takes_symbolic
+        from .symbolic import has_marks
 
         code = self.fn.__code__
         n = code.co_argcount + code.co_kwonlyargcount
         return DynamicPolicy(mode=self.dynamic, state=self.cache.frame_state,
                              recompile=bool(self.cache.entries),
-                             allowed=backend_takes_symbolic(self.backend),
+                             allowed=takes_symbolic(self.backend),
                              marked=has_marks(args, kwargs),
                              root_args=tuple(code.co_varnames[:n]))
 

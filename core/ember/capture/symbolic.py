@@ -492,18 +492,8 @@ def has_marks(args: tuple, kwargs: dict) -> bool:
     return False
 
 
-def backend_takes_symbolic(backend: Any) -> bool:
-    """Can ``backend`` compile graphs with symbolic sizes? ``level="torch"`` backends run the
-    torch-level graph, which is valid for every size; ``level="aten"`` ones go through AOT
-    autograd, which declares it with ``ember.aot.SUPPORTS_DYNAMIC`` (until then they compile
-    static graphs: one per shape, as before)."""
-    if getattr(backend, "level", "torch") != "aten":
-        return True
-    try:
-        from .. import aot
-    except Exception:
-        return False
-    return bool(getattr(aot, "SUPPORTS_DYNAMIC", False))
+# Whether a backend takes symbolic graphs is the runtime's question (it knows AOT autograd,
+# a later stage): ``ember.backends.takes_symbolic``, passed in as ``DynamicPolicy.allowed``.
 
 
 def concrete(x: Any) -> Any:
