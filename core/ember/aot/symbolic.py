@@ -84,21 +84,32 @@ class SymbolBinder:
         return not isinstance(expr, sympy.Basic) or expr.free_symbols <= set(self.places)
 
     def values(self, inputs: Sequence[Any]) -> tuple[int, ...]:
-        out = []
-        for kind, i, d in self.places.values():
-            x = inputs[i]
-            if kind == "int":
-                out.append(int(x))
-            elif kind == "size":
-                out.append(x.size(d))
-            elif kind == "stride":
-                out.append(x.stride(d))
-            else:
-                out.append(x.storage_offset())
-        return tuple(out)
+        """Every bound symbol's value in this call, in ``symbols`` order."""
+        return self.reader(self.symbols)(inputs)
 
-    def substitute(self, values: tuple[int, ...]) -> dict[sympy.Symbol, sympy.Integer]:
-        return {s: sympy.Integer(v) for s, v in zip(self.symbols, values)}
+    def reader(self, symbols: Sequence[sympy.Symbol]) -> Any:
+        """A function ``inputs -> tuple`` of the values of ``symbols`` (generated code: one
+        ``size``/``stride`` read per symbol, it runs on every call)."""
+        reads = []
+        for sym in symbols:
+            kind, i, d = self.places[sym]
+            reads.append({"int": f"int(a[{i}])", "size": f"a[{i}].size({d})",
+                          "stride": f"a[{i}].stride({d})",
+                          "offset": f"a[{i}].storage_offset()"}[kind])
+        return eval(f"lambda a: ({', '.join(reads)}{',' if reads else ''})")  # noqa: S307
+
+    def substitute(self, values: tuple[int, ...],
+                   symbols: Sequence[sympy.Symbol] | None = None
+                   ) -> dict[sympy.Symbol, sympy.Integer]:
+        return {s: sympy.Integer(v) for s, v in zip(symbols or self.symbols, values)}
+
+
+def _symbols_of(exprs: Sequence[Any], binder: SymbolBinder) -> tuple[sympy.Symbol, ...]:
+    used: set[sympy.Symbol] = set()
+    for e in exprs:
+        if isinstance(e, sympy.Basic):
+            used |= e.free_symbols
+    return tuple(s for s in binder.symbols if s in used)
 
 
 class SizeExprs:
@@ -114,16 +125,18 @@ class SizeExprs:
                     f"size expression {e} uses symbols that no graph input carries")
         self.binder = binder
         self.exprs = tuple(exprs)
-        self.static = all(not isinstance(e, sympy.Basic) or e.is_number for e in self.exprs)
+        self.symbols = _symbols_of(self.exprs, binder)
+        self.read = binder.reader(self.symbols)
+        self.static = not self.symbols
         self._cache: dict[tuple[int, ...], tuple[int, ...]] = {}
 
     def __call__(self, inputs: Sequence[Any]) -> tuple[int, ...]:
         if self.static:
             return tuple(int(e) for e in self.exprs)
-        vals = self.binder.values(inputs)
+        vals = self.read(inputs)
         r = self._cache.get(vals)
         if r is None:
-            subs = self.binder.substitute(vals)
+            subs = self.binder.substitute(vals, self.symbols)
             r = tuple(int(e.xreplace(subs)) if isinstance(e, sympy.Basic) else int(e)
                       for e in self.exprs)
             if len(self._cache) >= self._MAX_CACHE:
@@ -145,17 +158,20 @@ class GuardCheck:
 
     def __post_init__(self) -> None:
         self._cache: dict[tuple[int, ...], bool] = {}
+        self.symbols = _symbols_of(self.guards, self.binder)
+        self.read = self.binder.reader(self.symbols)
 
     def __call__(self, inputs: Sequence[Any]) -> bool:
-        vals = self.binder.values(inputs)
+        vals = self.read(inputs)
         ok = self._cache.get(vals)
         if ok is None:
-            subs = self.binder.substitute(vals)
+            subs = self.binder.substitute(vals, self.symbols)
             ok = True
             for g in self.guards:
                 try:
-                    r = g.xreplace(subs)
-                    ok = bool(r) if r in (sympy.true, sympy.false) or isinstance(r, bool) else False
+                    # a guard over concrete values evaluates to sympy's true/false; anything
+                    # else (undecided) counts as failed
+                    ok = g.xreplace(subs) is sympy.true
                 except TypeError:
                     ok = False
                 if not ok:
