@@ -614,21 +614,43 @@ class CppKernel:
                 if at != compute_type(red.src_dtype):
                     wide.add(m.node.name)
         pw_names = []
+        # a float sum over a symbolic length accumulates in double; it runs in chunks of
+        # DOUBLE_ACC_MIN summed in float (vectorized as float), each chunk added to the double:
+        # as accurate as the static rule, and no slower than it for short rows
+        chunked = [m.node.name for m in reds if m.node.name in wide] \
+            if len(b.inner) == 1 and is_symbolic(b.inner[0]) else []
+        part = {n: f"acc_{n}_p" for n in chunked}
         if b.inner:
             simd = [m for m in reds if m.node.data.reduction_type in ("sum", "prod")
                     and m.node.data.src_dtype.is_floating_point]
             if simd and len(simd) == len(reds):
                 clauses = " ".join(
                     f"reduction({'+' if m.node.data.reduction_type == 'sum' else '*'}:"
-                    f"acc_{m.node.name})" for m in simd)
+                    f"{part.get(m.node.name, f'acc_{m.node.name}')})" for m in simd)
                 pragma = f"#pragma omp simd {clauses}"
             else:
                 pragma = None
-            for i, s in enumerate(b.inner):
-                if i == len(b.inner) - 1 and pragma:
-                    self.line(pragma)
-                self.line(f"for (int64_t r{i} = 0; r{i} < {to_c(s)}; r{i}++) {{")
+            if chunked:
+                n = to_c(b.inner[0])
+                self.line(f"for (int64_t r0c = 0; r0c < {n}; r0c += {DOUBLE_ACC_MIN}) {{")
                 self.indent += 1
+                self.line(f"const int64_t r0e = r0c + {DOUBLE_ACC_MIN} < {n} ? "
+                          f"r0c + {DOUBLE_ACC_MIN} : {n};")
+                for m in reds:
+                    if m.node.name in part:
+                        red = m.node.data
+                        self.line(f"{compute_type(red.src_dtype)} {part[m.node.name]} = "
+                                  f"{_reduction_init(red.reduction_type, red.src_dtype)};")
+                if pragma:
+                    self.line(pragma)
+                self.line("for (int64_t r0 = r0c; r0 < r0e; r0++) {")
+                self.indent += 1
+            else:
+                for i, s in enumerate(b.inner):
+                    if i == len(b.inner) - 1 and pragma:
+                        self.line(pragma)
+                    self.line(f"for (int64_t r{i} = 0; r{i} < {to_c(s)}; r{i}++) {{")
+                    self.indent += 1
             self.scopes.append({})
         for m in b.members:
             value = m.node.body(m.index, m.rindex)
@@ -637,7 +659,7 @@ class CppKernel:
                 rt = red.reduction_type
                 if value.dtype != red.src_dtype:
                     value = CppOps(self).to_dtype(value, red.src_dtype)
-                acc = accs[m.node.name][0]
+                acc = part.get(m.node.name, accs[m.node.name][0])
                 if rt == "sum":
                     self.line(f"{acc} = {acc} + {value};")
                 elif rt == "prod":
@@ -663,6 +685,11 @@ class CppKernel:
         if b.inner:
             self.scopes.pop()
             for _ in b.inner:
+                self.indent -= 1
+                self.line("}")
+            if chunked:
+                for n in chunked:
+                    self.line(f"acc_{n} = acc_{n} + {part[n]};")
                 self.indent -= 1
                 self.line("}")
             for n in pw_names:  # values of the inner loop are out of scope now
