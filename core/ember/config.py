@@ -11,7 +11,8 @@ import contextlib
 import os
 from typing import Any, Iterator
 
-__all__ = ["recompile_limit", "suppress_errors", "verbose", "cache_dir", "patch"]
+__all__ = ["recompile_limit", "suppress_errors", "verbose", "cache_dir", "aot_cache",
+           "persist_capture", "patch"]
 
 #: Guard misses for one code object before Ember gives up and runs it eagerly.
 recompile_limit: int = 8
@@ -21,6 +22,11 @@ suppress_errors: bool = True
 verbose: bool = False
 #: Root of Ember's on-disk caches.
 cache_dir: str = os.path.join(os.path.expanduser("~"), ".cache", "ember")
+#: Reuse AOT autograd's forward/backward graphs from the on-disk cache (ember/aot/cache.py).
+aot_cache: bool = True
+#: Store captures on disk and rebuild them in later processes without tracing, after checking
+#: every object they refer to (ember/capture/persist.py). Opt-in.
+persist_capture: bool = False
 #: Inline calls to user functions up to this depth (deeper calls are a graph break).
 max_inline_depth: int = 64
 
@@ -37,7 +43,8 @@ def _coerce(current: Any, raw: str) -> Any:
 
 def _apply_env() -> None:
     g = globals()
-    for name in ("recompile_limit", "suppress_errors", "verbose", "cache_dir", "max_inline_depth"):
+    for name in ("recompile_limit", "suppress_errors", "verbose", "cache_dir", "max_inline_depth",
+                 "aot_cache", "persist_capture"):
         raw = os.environ.get("EMBER_" + name.upper())
         if raw is not None:
             g[name] = _coerce(g[name], raw)

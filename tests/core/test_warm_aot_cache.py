@@ -23,7 +23,7 @@ aten = torch.ops.aten
 def _cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     d = tmp_path / "cache"
     monkeypatch.setenv("EMBER_CACHE_DIR", str(d))
-    monkeypatch.delenv("EMBER_AOT_CACHE", raising=False)
+    monkeypatch.setattr(ember.config, "aot_cache", True)
     for k in cache.counters:
         monkeypatch.setitem(cache.counters, k, 0)
     return d
@@ -238,7 +238,7 @@ def test_a_checksummed_entry_that_does_not_rebuild_is_a_miss(_cache_dir: Path) -
 
 
 def test_switched_off(monkeypatch: pytest.MonkeyPatch, _cache_dir: Path) -> None:
-    monkeypatch.setenv("EMBER_AOT_CACHE", "0")
+    monkeypatch.setattr(ember.config, "aot_cache", False)
     gm, args, be = _graph(_block), _inputs(False), _backend()
     aot_compile(gm, args, backend=be)
     aot_compile(gm, args, backend=be)

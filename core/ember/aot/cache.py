@@ -25,7 +25,7 @@ round-trip exactly is not written.
 
 Entries live in the text store under ``<cache dir>/text/aot/`` (same layout and record format as
 the inductor plugin's text store: ``{"format", "key", "sha256", "text"}``, atomic replace, a corrupt
-entry is a miss and is rewritten). ``EMBER_AOT_CACHE=0`` or ``ember.config.aot_cache = False``
+entry is a miss and is rewritten). ``ember.config.aot_cache = False`` (``EMBER_AOT_CACHE=0``)
 turns the cache off.
 """
 
@@ -70,12 +70,10 @@ class Uncacheable(Exception):
 
 
 def enabled() -> bool:
-    import ember
+    """``ember.config.aot_cache`` (``EMBER_AOT_CACHE=0`` turns it off)."""
+    from .. import config
 
-    env = os.environ.get("EMBER_AOT_CACHE")
-    if env is not None:
-        return env.strip().lower() not in ("0", "false", "no", "off", "")
-    return bool(getattr(ember.config, "aot_cache", True))
+    return bool(getattr(config, "aot_cache", True))
 
 
 # --------------------------------------------------------------------------------------------
@@ -287,10 +285,17 @@ def _tensor_text(t: torch.Tensor, storages: dict[int, int], i: int) -> str:
             f"{t.device} conj={t.is_conj()} neg={t.is_neg()} storage={sid} {view}")
 
 
-def _decomp_text(table: dict[Any, Any]) -> str:
+def _decomp_text(table: dict[Any, Any], graph_text: str) -> str:
+    """The decomposition table's entries that can matter. Entries for operator namespaces other
+    than aten/prims count only when the graph names that namespace: the table grows with what the
+    process imported (``torch._dynamo`` pulls in ``c10d_functional``'s), which must not make a
+    fresh process that never imported it miss."""
     parts = []
     files = set()
     for op, fn in table.items():
+        ns = getattr(op, "namespace", None)
+        if ns not in ("aten", "prims") and f"op:{ns}::" not in graph_text:
+            continue
         mod = getattr(fn, "__module__", "") or ""
         parts.append(f"{op}={mod}.{getattr(fn, '__qualname__', type(fn).__name__)}")
         if not _is_torch_module(mod):
@@ -315,7 +320,8 @@ def graph_key(aot: Any, variant: Any, args: Sequence[Any]) -> str:
 
     put(_ember_fingerprint())
     put(f"torch={torch.__version__} {getattr(torch.version, 'git_version', '')}")
-    for line in _canon_graph(aot.gm):
+    graph_lines = _canon_graph(aot.gm)
+    for line in graph_lines:
         put(line)
     storages: dict[int, int] = {}
     kinds = None
@@ -333,7 +339,7 @@ def graph_key(aot: Any, variant: Any, args: Sequence[Any]) -> str:
     put(f"state={global_state()!r} default_dtype={torch.get_default_dtype()} "
         f"deterministic={torch.are_deterministic_algorithms_enabled()}")
     put(f"backend={aot.backend.name} options={_canon(dict(sorted(aot.options.items())))}")
-    put(_decomp_text(aot._decomps))
+    put(_decomp_text(aot._decomps, "\n".join(graph_lines)))
     return h.hexdigest()
 
 

@@ -395,12 +395,19 @@ class CompiledFunction:
 
     def _compile(self, args: tuple, kwargs: dict) -> Callable[..., Any] | None:
         from ..backends import compile_graph  # the runtime hands captures to the backends
+        from . import persist  # opt-in: a warm start's first call rebuilt without tracing
         from .convert import convert_frame
 
         with _Compiling():
-            return convert_frame(self.fn, args, kwargs, backend=self.backend, options=self.options,
-                                 compile_graph=compile_graph, fullgraph=self.fullgraph,
-                                 root_module=self._root_module, policy=self._policy(args, kwargs))
+            entry = persist.load(self, args, kwargs, compile_graph) if persist.enabled() else None
+            if entry is not None:
+                return entry
+            entry = convert_frame(self.fn, args, kwargs, backend=self.backend, options=self.options,
+                                  compile_graph=compile_graph, fullgraph=self.fullgraph,
+                                  root_module=self._root_module, policy=self._policy(args, kwargs))
+            if entry is not None and persist.enabled():
+                persist.save(self, entry, args, kwargs)
+            return entry
 
     def _policy(self, args: tuple, kwargs: dict) -> Any:
         """How this compile treats sizes (see ``output.DynamicPolicy``)."""

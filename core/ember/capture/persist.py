@@ -1,0 +1,583 @@
+"""Persisted captures: a warm start's first call without tracing (opt-in).
+
+Capturing a frame builds FakeTensors, and creating torch's FakeTensorMode imports
+``torch._dynamo`` (about 1.3 s on a quiet 2-core machine): a fresh process pays that on its first
+call even when every kernel and every AOT result is in the on-disk cache. This module stores what a
+capture produced — the entry function's source (guards, graph call, result), the torch-level graph,
+and a *process-independent recipe* for every object the entry's namespace refers to — and on the
+first call of a later process rebuilds the entry from it without tracing.
+
+Recipes (found after a capture, by searching the call's arguments and the function's module):
+
+* objects reached from an argument: a submodule by its path (``blocks.0.fc1``), its ``__dict__``, a
+  parameter or buffer by name, a tensor argument; checked at load: the object's type (module and
+  qualified name) and, for tensors, shape, stride, storage offset, dtype, device, requires_grad;
+* functions, classes, builtins, Python modules by importable name, checked to resolve to
+  themselves; a Python function's whole code object (``marshal``) must be equal, and every
+  non-torch source file that defines one of them must hash the same (editing the model's file is a
+  miss); functions with closures are not persisted;
+* the function's globals; Ember's entry helpers; dtypes, devices and plain constants by value.
+
+Anything else in the namespace (an arbitrary object, a code object, a resume function after a graph
+break, symbolic sizes, a prologue that changes state) means the capture is not persisted. On load
+every recipe is resolved and checked, then the entry's own guards run on the live arguments; any
+failure is a miss, and the frame is captured as usual. Because the rebound objects make identity
+guards trivially true, everything else the guards check (values of attributes and globals read,
+hooks, grad mode, ...) still runs as generated.
+
+Keyed by the function's code object (``marshal``), the arguments' types and tensor metadata, grad
+mode, backend and options, Ember's capture/AOT sources and the torch and Python versions; stored as
+JSON in the text store (``<cache dir>/text/capture/``). Off unless ``ember.config.persist_capture``
+(``EMBER_PERSIST_CAPTURE=1``).
+"""
+
+from __future__ import annotations
+
+import builtins
+import hashlib
+import json
+import logging
+import marshal
+import pathlib
+import sys
+import time
+import types
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+
+__all__ = ["enabled", "save", "load", "counters"]
+
+log = logging.getLogger("ember.capture.persist")
+
+FORMAT_VERSION = 1
+NAMESPACE = "capture"
+
+#: ``hits`` (entries rebuilt without tracing), ``saved``, ``misses`` (no entry, or one that did not
+#: check out), ``refused`` (captures that cannot be persisted).
+counters: dict[str, int] = {"hits": 0, "saved": 0, "misses": 0, "refused": 0}
+
+
+class _Refuse(Exception):
+    pass
+
+
+def enabled() -> bool:
+    """``ember.config.persist_capture`` (``EMBER_PERSIST_CAPTURE=1``)."""
+    from .. import config
+
+    return bool(getattr(config, "persist_capture", False))
+
+
+# --------------------------------------------------------------------------------------------
+# fingerprints
+
+
+def _file_hash(path: str) -> str:
+    from ..aot.cache import _file_hash as fh
+
+    return fh(path)
+
+
+def _ember_fingerprint() -> str:
+    root = pathlib.Path(__file__).parent.parent
+    h = hashlib.sha256(f"persist={FORMAT_VERSION}".encode())
+    for p in sorted(list(root.glob("*.py")) + list((root / "capture").glob("*.py"))
+                    + list((root / "aot").glob("*.py"))):
+        h.update(p.name.encode())
+        h.update(_file_hash(str(p)).encode())
+    return h.hexdigest()
+
+
+_STDLIB = (sys.base_prefix, sys.prefix)
+
+
+def _needs_file_hash(mod: str) -> str | None:
+    """The source file of a non-torch, non-standard-library module (hashed into the check)."""
+    if mod == "torch" or mod.startswith("torch.") or mod in sys.builtin_module_names:
+        return None
+    m = sys.modules.get(mod)
+    file = getattr(m, "__file__", None)
+    if not file:
+        raise _Refuse(f"module {mod} has no source file")
+    if "site-packages" not in file and file.startswith(sys.base_prefix):
+        return None  # the standard library: the Python version is in the key
+    return file
+
+
+def _tensor_meta(t: torch.Tensor) -> list[Any]:
+    return [f"{type(t).__module__}.{type(t).__qualname__}", list(t.shape), list(t.stride()),
+            t.storage_offset(), str(t.dtype), str(t.device), bool(t.requires_grad)]
+
+
+def _type_name(obj: Any) -> str:
+    return f"{type(obj).__module__}.{type(obj).__qualname__}"
+
+
+def _args_key(args: tuple, kwargs: dict) -> list[Any]:
+    out = []
+    for a in list(args) + [kwargs[k] for k in sorted(kwargs)]:
+        if isinstance(a, torch.Tensor):
+            out.append(_tensor_meta(a))
+        else:
+            out.append(_type_name(a))
+    return out + sorted(kwargs)
+
+
+def _key(cf: Any, args: tuple, kwargs: dict) -> str:
+    from ..aot.cache import _canon
+
+    fn = cf.fn
+    h = hashlib.sha256()
+    for part in (_ember_fingerprint(), f"torch={torch.__version__}",
+                 f"python={sys.version}", marshal.dumps(fn.__code__).hex(),
+                 f"{cf.backend.name} {_canon(dict(sorted(cf.options.items())))}",
+                 f"fullgraph={cf.fullgraph} dynamic={cf.dynamic} root={cf._root_module}",
+                 f"grad={torch.is_grad_enabled()}", json.dumps(_args_key(args, kwargs))):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+# --------------------------------------------------------------------------------------------
+# recipes
+
+
+def _resolve_name(mod: str, qual: str) -> Any:
+    obj: Any = sys.modules.get(mod)
+    if obj is None:
+        return None
+    for part in qual.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+def _import_name(obj: Any) -> tuple[str, str]:
+    mod = getattr(obj, "__module__", None)
+    if mod == "_operator":
+        mod = "operator"
+    qual = getattr(obj, "__qualname__", None)
+    name = getattr(obj, "__name__", None)
+    if not isinstance(mod, str):
+        raise _Refuse(f"{obj!r} has no module")
+    for q in (qual, name):
+        if isinstance(q, str) and "<" not in q and _resolve_name(mod, q) is obj:
+            return mod, q
+    raise _Refuse(f"{obj!r} is not importable by name")
+
+
+class _Finder:
+    """Recipes for the objects an entry's namespace holds."""
+
+    def __init__(self, fn: Any, roots: dict[str, Any]):
+        self.fn = fn
+        self.paths: dict[int, list[Any]] = {}
+        self.files: dict[str, str] = {}
+        for name, root in roots.items():
+            if isinstance(root, torch.nn.Module):
+                for path, m in root.named_modules(remove_duplicate=False):
+                    self.paths.setdefault(id(m), ["mod", name, path])
+                    self.paths.setdefault(id(m.__dict__), ["dict", name, path])
+                    for k, p in m._parameters.items():
+                        if p is not None:
+                            self.paths.setdefault(id(p), ["param", name, path, k])
+                    for k, b in m._buffers.items():
+                        if b is not None:
+                            self.paths.setdefault(id(b), ["buffer", name, path, k])
+            elif isinstance(root, torch.Tensor):
+                self.paths.setdefault(id(root), ["arg", name])
+
+    def _file(self, mod: str) -> None:
+        file = _needs_file_hash(mod)
+        if file is not None:
+            self.files[file] = _file_hash(file)
+
+    def recipe(self, name: str, obj: Any) -> list[Any]:
+        from .output import ENTRY_HELPERS
+
+        if name in ENTRY_HELPERS and obj is ENTRY_HELPERS[name]:
+            return ["helper", name]
+        if obj is torch:
+            return ["torch"]
+        if obj is self.fn.__globals__:
+            return ["globals"]
+        if obj is None or type(obj) in (bool, int, str):
+            return ["const", obj]
+        if type(obj) is float:
+            return ["float", obj.hex()]
+        if isinstance(obj, torch.dtype):
+            return ["dtype", str(obj).removeprefix("torch.")]
+        if isinstance(obj, torch.device):
+            return ["device", str(obj)]
+        path = self.paths.get(id(obj))
+        if path is not None:
+            meta = _tensor_meta(obj) if isinstance(obj, torch.Tensor) else _type_name(obj)
+            if not isinstance(obj, (torch.Tensor, dict)):
+                self._file(type(obj).__module__)
+            return ["path", path, meta]
+        if type(obj) is dict:  # another module's globals (a function inlined from it)
+            for mname, m in list(sys.modules.items()):
+                if getattr(m, "__dict__", None) is obj:
+                    self._file(mname)
+                    return ["moddict", mname]
+            raise _Refuse(f"namespace dict {name}")
+        if isinstance(obj, types.ModuleType):
+            if sys.modules.get(obj.__name__) is not obj:
+                raise _Refuse(f"module {obj.__name__} is not in sys.modules")
+            return ["pymodule", obj.__name__]
+        if isinstance(obj, types.FunctionType):
+            if obj.__closure__:
+                raise _Refuse(f"function {obj.__qualname__} has a closure")
+            mod, qual = _import_name(obj)
+            self._file(mod)
+            return ["function", mod, qual, hashlib.sha256(marshal.dumps(obj.__code__)).hexdigest(),
+                    repr(obj.__defaults__), repr(obj.__kwdefaults__)]
+        if isinstance(obj, type):
+            mod, qual = _import_name(obj)
+            self._file(mod)
+            return ["class", mod, qual]
+        if isinstance(obj, (types.BuiltinFunctionType, types.BuiltinMethodType,
+                            types.MethodDescriptorType, types.WrapperDescriptorType)):
+            mod, qual = _import_name(obj)
+            return ["builtin", mod, qual]
+        raise _Refuse(f"namespace object {name} of type {type(obj).__name__}")
+
+
+def _resolve(recipe: list[Any], fn: Any, roots: dict[str, Any], files: dict[str, str]) -> Any:
+    """The live object a recipe names, or raises _Refuse."""
+    from .output import ENTRY_HELPERS
+
+    kind = recipe[0]
+    if kind == "helper":
+        return ENTRY_HELPERS[recipe[1]]
+    if kind == "torch":
+        return torch
+    if kind == "globals":
+        return fn.__globals__
+    if kind == "const":
+        return recipe[1]
+    if kind == "float":
+        return float.fromhex(recipe[1])
+    if kind == "dtype":
+        dt = getattr(torch, recipe[1])
+        if not isinstance(dt, torch.dtype):
+            raise _Refuse("dtype")
+        return dt
+    if kind == "device":
+        return torch.device(recipe[1])
+    if kind == "path":
+        path, meta = recipe[1], recipe[2]
+        what, root = path[0], roots.get(path[1])
+        if what == "arg":
+            obj = root
+        else:
+            if not isinstance(root, torch.nn.Module):
+                raise _Refuse("root is not a module")
+            m = root.get_submodule(path[2]) if path[2] else root
+            if what == "mod":
+                obj = m
+            elif what == "dict":
+                obj = m.__dict__
+            elif what == "param":
+                obj = m._parameters.get(path[3])
+            elif what == "buffer":
+                obj = m._buffers.get(path[3])
+            else:
+                raise _Refuse(what)
+        live = _tensor_meta(obj) if isinstance(obj, torch.Tensor) else _type_name(obj)
+        if live != meta:
+            raise _Refuse(f"{path}: {live} != {meta}")
+        return obj
+    if kind == "moddict":
+        m = sys.modules.get(recipe[1])
+        if m is None:
+            raise _Refuse(f"module {recipe[1]} not imported")
+        return m.__dict__
+    if kind == "pymodule":
+        obj = sys.modules.get(recipe[1])
+        if obj is None:
+            raise _Refuse(f"module {recipe[1]} not imported")
+        return obj
+    if kind in ("function", "class", "builtin"):
+        obj = _resolve_name(recipe[1], recipe[2])
+        if obj is None:
+            raise _Refuse(f"{recipe[1]}.{recipe[2]} not found")
+        if kind == "function":
+            if (not isinstance(obj, types.FunctionType) or obj.__closure__
+                    or hashlib.sha256(marshal.dumps(obj.__code__)).hexdigest() != recipe[3]
+                    or repr(obj.__defaults__) != recipe[4]
+                    or repr(obj.__kwdefaults__) != recipe[5]):
+                raise _Refuse(f"function {recipe[2]} changed")
+        return obj
+    raise _Refuse(f"unknown recipe {kind}")
+
+
+# --------------------------------------------------------------------------------------------
+# the torch-level graph <-> JSON
+
+
+def _enc(x: Any) -> Any:
+    if isinstance(x, fx.Node):
+        return {"n": x.name}
+    if x is None or isinstance(x, (bool, str)) or type(x) is int:
+        return x
+    if type(x) is float:
+        return {"f": x.hex()}
+    if isinstance(x, torch.dtype):
+        return {"dtype": str(x).removeprefix("torch.")}
+    if isinstance(x, torch.device):
+        return {"device": str(x)}
+    if isinstance(x, torch.memory_format):
+        return {"mf": str(x).removeprefix("torch.")}
+    if isinstance(x, torch.layout):
+        return {"layout": str(x).removeprefix("torch.")}
+    if isinstance(x, torch.Size):
+        return {"size": [_enc(v) for v in x]}
+    if type(x) is tuple:
+        return {"t": [_enc(v) for v in x]}
+    if type(x) is list:
+        return [_enc(v) for v in x]
+    if type(x) is dict and all(isinstance(k, str) for k in x):
+        return {"d": {k: _enc(v) for k, v in x.items()}}
+    if type(x) is slice:
+        return {"slice": [_enc(x.start), _enc(x.stop), _enc(x.step)]}
+    if x is Ellipsis:
+        return {"ellipsis": 0}
+    raise _Refuse(f"graph argument of type {type(x).__name__}")
+
+
+def _dec(x: Any, env: dict[str, fx.Node]) -> Any:
+    if isinstance(x, list):
+        return [_dec(v, env) for v in x]
+    if not isinstance(x, dict):
+        return x
+    (tag, v), = x.items()
+    if tag == "n":
+        return env[v]
+    if tag == "f":
+        return float.fromhex(v)
+    if tag == "t":
+        return tuple(_dec(e, env) for e in v)
+    if tag == "d":
+        return {k: _dec(e, env) for k, e in v.items()}
+    if tag == "size":
+        return torch.Size(_dec(e, env) for e in v)
+    if tag == "slice":
+        return slice(*(_dec(e, env) for e in v))
+    if tag == "ellipsis":
+        return Ellipsis
+    if tag in ("dtype", "mf", "layout"):
+        return getattr(torch, v)
+    if tag == "device":
+        return torch.device(v)
+    raise ValueError(f"unknown tag {tag}")
+
+
+def _target(t: Any) -> list[Any]:
+    if isinstance(t, torch._ops.OpOverload):
+        return ["op", t.name()]
+    mod, qual = _import_name(t)
+    if not (mod in ("operator", "builtins", "math") or mod == "torch" or mod.startswith("torch.")):
+        raise _Refuse(f"graph target {mod}.{qual}")
+    return ["fn", mod, qual]
+
+
+def _dumps_graph(gm: fx.GraphModule) -> list[Any]:
+    nodes = []
+    for n in gm.graph.nodes:
+        if n.op == "call_function":
+            target: Any = _target(n.target)
+        elif n.op in ("placeholder", "call_method", "output"):
+            target = n.target
+        else:
+            raise _Refuse(f"{n.op} node in the captured graph")
+        nodes.append([n.op, n.name, target, _enc(n.args), _enc(dict(n.kwargs))])
+    return nodes
+
+
+def _loads_graph(nodes: list[Any]) -> fx.GraphModule:
+    g = fx.Graph()
+    env: dict[str, fx.Node] = {}
+    for op, name, target, args, kwargs in nodes:
+        a, k = _dec(args, env), _dec(kwargs, env)
+        if op == "placeholder":
+            n = g.placeholder(target)
+        elif op == "output":
+            n = g.output(a[0])
+        else:
+            if op == "call_function":
+                if target[0] == "op":
+                    ns, _, rest = target[1].partition("::")
+                    opname, _, overload = rest.partition(".")
+                    t = getattr(getattr(getattr(torch.ops, ns), opname), overload or "default")
+                else:
+                    t = _resolve_name(target[1], target[2])
+                    if t is None:
+                        raise _Refuse(f"target {target} not found")
+            else:
+                t = target
+            n = g.create_node(op, t, tuple(a), k, name=name)
+        if n.name != name:
+            raise _Refuse(f"node {name} rebuilt as {n.name}")
+        env[name] = n
+    return fx.GraphModule(torch.nn.Module(), g)
+
+
+# --------------------------------------------------------------------------------------------
+# save and load
+
+
+def _roots(fn: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
+    code = fn.__code__
+    names = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
+    roots = dict(zip(names, args))
+    roots.update({k: v for k, v in kwargs.items() if k in names})
+    return roots
+
+
+_SKIP = ("__builtins__", "___entry", "___failed_guard", "___MISS", "___compiled")
+_GRAPH_CALL = "    ___o = ___compiled("
+
+
+def save(cf: Any, entry: Any, args: tuple, kwargs: dict) -> None:
+    """After a capture: store ``entry`` if everything it refers to has a recipe."""
+    try:
+        _save(cf, entry, args, kwargs)
+    except _Refuse as e:
+        counters["refused"] += 1
+        log.debug("capture of %s not persisted: %s", getattr(cf.fn, "__qualname__", "?"), e)
+    except Exception as e:  # never let the cache break a compile
+        counters["refused"] += 1
+        log.debug("capture not persisted (%s: %s)", type(e).__name__, e)
+
+
+def _save(cf: Any, entry: Any, args: tuple, kwargs: dict) -> None:
+    from ..aot.cache import put_text
+
+    cap = getattr(entry, "capture", None)
+    gm = getattr(entry, "graph_module", None)
+    src = getattr(entry, "source", None)
+    if cap is None or gm is None or not isinstance(src, str):
+        raise _Refuse("no graph")
+    if cap.break_reason is not None:
+        raise _Refuse("graph break")
+    after_guards = src.split("    except Exception:\n        return ___MISS\n", 1)
+    if len(after_guards) != 2 or not after_guards[1].startswith(_GRAPH_CALL):
+        raise _Refuse("entry has a prologue")
+    if any(i.kind not in ("user", "parameter", "buffer") for i in cap.inputs):
+        raise _Refuse("symbolic inputs")
+    fn = cf.fn
+    finder = _Finder(fn, _roots(fn, args, kwargs))
+    ns = entry.__globals__
+    recipes = {}
+    for name, obj in ns.items():
+        if name in _SKIP:
+            continue
+        recipes[name] = finder.recipe(name, obj)
+    record = {"format": FORMAT_VERSION, "source": src, "guards": list(entry.guards),
+              "graph": _dumps_graph(gm), "recipes": recipes, "files": finder.files,
+              "graph_id": cap.graph_id,
+              "inputs": [[i.kind, i.source, i.stable_address] for i in cap.inputs]}
+    put_text(NAMESPACE, _key(cf, args, kwargs), json.dumps(record))
+    counters["saved"] += 1
+
+
+class _Probe(Exception):
+    def __init__(self, inputs: tuple):
+        self.inputs = inputs
+
+
+def load(cf: Any, args: tuple, kwargs: dict,
+         compile_graph: Callable[..., Any]) -> Callable[..., Any] | None:
+    """An entry rebuilt from a persisted capture of ``cf.fn`` whose recipes and guards hold for
+    these arguments; None otherwise (capture as usual)."""
+    from ..aot.cache import get_text
+
+    t0 = time.perf_counter()
+    try:
+        text = get_text(NAMESPACE, _key(cf, args, kwargs))
+    except Exception as e:  # an argument the key cannot describe
+        log.debug("no persisted capture: %s", e)
+        return None
+    if text is None:
+        counters["misses"] += 1
+        return None
+    try:
+        entry = _load(cf, json.loads(text), args, kwargs, compile_graph)
+    except Exception as e:
+        counters["misses"] += 1
+        log.debug("persisted capture of %s not used: %s: %s",
+                  getattr(cf.fn, "__qualname__", "?"), type(e).__name__, e)
+        return None
+    if entry is None:
+        counters["misses"] += 1
+        return None
+    counters["hits"] += 1
+    from .. import events
+
+    events.emit("timing", stage="capture", function=cf.fn.__code__.co_name,
+                seconds=time.perf_counter() - t0, persisted=True)
+    return entry
+
+
+def _load(cf: Any, rec: dict[str, Any], args: tuple, kwargs: dict,
+          compile_graph: Callable[..., Any]) -> Callable[..., Any] | None:
+    from ..context import InputInfo
+    from .frame import MISS
+    from .output import signature_source
+
+    if rec.get("format") != FORMAT_VERSION:
+        return None
+    for file, digest in rec["files"].items():
+        if _file_hash(file) != digest:
+            raise _Refuse(f"{file} changed")
+    fn = cf.fn
+    roots = _roots(fn, args, kwargs)
+    ns: dict[str, Any] = {name: _resolve(r, fn, roots, rec["files"])
+                          for name, r in rec["recipes"].items()}
+    ns["___MISS"] = MISS
+
+    def probe(*inputs: Any) -> Any:
+        raise _Probe(inputs)
+
+    ns["___compiled"] = probe
+    code = fn.__code__
+    filename = f"<ember entry for {code.co_name} at {code.co_filename}:{code.co_firstlineno}>"
+    exec(compile(rec["source"], filename, "exec"), ns)
+    sig = signature_source(code)
+    sig = f"___fn, {sig}" if sig else "___fn"
+    explain = [f"def ___failed_guard({sig}):"]
+    for g in rec["guards"]:
+        explain += ["    try:", f"        if not ({g}):", f"            return {g!r}",
+                    "    except Exception as e:",
+                    f"        return {g!r} + ' (raised ' + type(e).__name__ + ')'"]
+    explain.append("    return None")
+    exec(compile("\n".join(explain) + "\n", filename, "exec"), ns)
+    entry = ns["___entry"]
+    for f in (entry, ns["___failed_guard"]):
+        f.__defaults__ = fn.__defaults__
+        f.__kwdefaults__ = fn.__kwdefaults__
+    try:
+        out = entry(fn, *args, **kwargs)
+    except _Probe as p:
+        inputs = list(p.inputs)
+    else:
+        if out is MISS:
+            raise _Refuse("a guard fails")
+        raise _Refuse("the entry did not call its graph")
+    gm = _loads_graph(rec["graph"])
+    infos = [InputInfo(k, s, bool(a)) for k, s, a in rec["inputs"]]
+    compiled = compile_graph(gm, inputs, cf.backend, cf.options, inputs=infos,
+                             graph_id=rec["graph_id"])
+    ns["___compiled"] = compiled
+    if getattr(compiled, "swap", False) is None:
+        compiled.swap = lambda raw: ns.__setitem__("___compiled", raw)
+    entry.failed_guard = ns["___failed_guard"]
+    entry.source = rec["source"]
+    entry.guards = list(rec["guards"])
+    entry.graph_module = gm
+    entry.persisted = True
+    return entry

@@ -1,0 +1,123 @@
+"""Persisted captures (ember/capture/persist.py, opt-in): a fresh process whose cache holds the
+capture of a model's forward rebuilds it without tracing (no FakeTensorMode, so torch._dynamo is
+never imported), and misses — then captures as usual, with correct results — when the model's code,
+a global it reads, a helper module, or its submodules changed between processes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+MODEL = '''
+import os
+import torch
+import warm_helper
+
+SCALE = float(os.environ.get("WARM_SCALE", "2.0"))
+
+
+class Block(torch.nn.Module):
+    def __init__(self, d, h):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(d, h)
+        self.fc2 = torch.nn.Linear(h, d)
+        self.norm = torch.nn.LayerNorm(d)
+
+    def forward(self, x):
+        return x + self.fc2(warm_helper.act(self.fc1(self.norm(x))))
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        d, h = 16, int(os.environ.get("WARM_H", "32"))
+        n = int(os.environ.get("WARM_N", "2"))
+        self.blocks = torch.nn.Sequential(*[Block(d, h) for _ in range(n)])
+        self.register_buffer("offset", torch.full((d,), 0.5))
+
+    def forward(self, x):
+        return self.blocks(x) * SCALE + self.offset
+'''
+
+HELPER = '''
+import torch
+
+
+def act(x):
+    return torch.nn.functional.gelu(x)
+'''
+
+RUN = '''
+import json, os, sys
+import torch, ember
+from ember.aot import cache
+from ember.capture import persist
+import warm_model
+torch.manual_seed(0)
+m = warm_model.Model().eval()
+x = torch.randn(4, 16)
+with torch.no_grad():
+    ref = m(x)
+    out = ember.compile(m, backend="aot_eager")(x)
+print(json.dumps({"persist": persist.counters, "aot": cache.counters,
+                  "dynamo": "torch._dynamo" in sys.modules,
+                  "ok": bool(torch.allclose(out, ref, atol=1e-5))}))
+'''
+
+
+@pytest.fixture
+def warm(tmp_path: Path, py: Any) -> Any:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "warm_model.py").write_text(MODEL)
+    (src / "warm_helper.py").write_text(HELPER)
+
+    def run(**env: str) -> dict[str, Any]:
+        full = {"EMBER_CACHE_DIR": str(tmp_path / "cache"), "EMBER_PERSIST_CAPTURE": "1", **env}
+        r = py(RUN, env=full, pythonpath=[src])
+        assert r.returncode == 0, r.stderr
+        ans = json.loads(r.stdout.strip().splitlines()[-1])
+        assert ans["ok"], ans  # whatever happened, the result is eager's
+        return ans
+
+    run.src = src  # type: ignore[attr-defined]
+    return run
+
+
+def test_a_fresh_process_reuses_the_capture_without_tracing(warm: Any) -> None:
+    first = warm()
+    assert first["persist"]["saved"] == 1 and first["persist"]["hits"] == 0
+    second = warm()
+    assert second["persist"]["hits"] == 1 and second["persist"]["misses"] == 0
+    assert second["aot"]["hits"] == 1
+    assert second["dynamo"] is False  # no FakeTensorMode was created
+
+
+def test_changes_between_processes_are_misses(warm: Any) -> None:
+    warm()
+    assert warm()["persist"]["hits"] == 1
+    src = warm.src
+    # a global's value (the file is unchanged: the entry's own value guard fails)
+    assert warm(WARM_SCALE="3.0")["persist"]["hits"] == 0
+    # submodules: another hidden width (parameter metadata), another depth
+    assert warm(WARM_H="8")["persist"]["hits"] == 0
+    assert warm(WARM_N="3")["persist"]["hits"] == 0
+    # the model's code
+    (src / "warm_model.py").write_text(MODEL.replace("* SCALE + self.offset",
+                                                     "* SCALE - self.offset"))
+    changed = warm()
+    assert changed["persist"]["hits"] == 0 and changed["persist"]["saved"] == 1
+    assert warm()["persist"]["hits"] == 1  # the new capture is stored and reused
+    # a helper in another module that the forward inlines
+    (src / "warm_helper.py").write_text(HELPER.replace("gelu(x)", "relu(x)"))
+    assert warm()["persist"]["hits"] == 0
+
+
+def test_off_by_default(warm: Any) -> None:
+    warm(EMBER_PERSIST_CAPTURE="0")
+    ans = warm(EMBER_PERSIST_CAPTURE="0")
+    assert ans["persist"] == {"hits": 0, "saved": 0, "misses": 0, "refused": 0}
+    assert ans["dynamo"] is True
