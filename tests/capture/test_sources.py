@@ -150,3 +150,60 @@ def test_equality_is_by_kind_and_expression():
     # transitional: a source equals the expression string it prints as (tables keyed by text)
     assert Local("x") == "x" and "x" == Local("x") and Local("x") in ("y", "x")
     assert {"self._buffers['shift']": 1}[Buffer(SELF, "shift")] == 1
+
+
+class _Inner(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 3)
+        self.register_buffer("shift", torch.ones(3))
+
+    def forward(self, x):
+        return self.fc(x) + self.shift
+
+
+class _Outer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.Sequential(_Inner(), _Inner())
+        self.scale = torch.nn.Parameter(torch.tensor(2.0))
+
+    def forward(self, x):
+        return self.blocks(x) * self.scale
+
+
+def test_capture_inputs_carry_structured_sources():
+    import ember
+    m = _Outer()
+    ember.compile(m, backend="eager")(torch.randn(2, 3))
+    cap = ember.last_capture()
+    by_path = {i.module_path: i for i in cap.inputs if i.kind in ("parameter", "buffer")}
+    assert set(by_path) == {"blocks.0.fc.weight", "blocks.0.fc.bias", "blocks.0.shift",
+                            "blocks.1.fc.weight", "blocks.1.fc.bias", "blocks.1.shift", "scale"}
+    assert dict(m.named_parameters()).keys() | dict(m.named_buffers()).keys() == set(by_path)
+    shift = by_path["blocks.1.shift"]
+    assert shift.kind == "buffer" and shift.origin.is_buffer()
+    assert shift.source == "self._modules['blocks']._modules['1']._buffers['shift']"
+    assert str(shift.origin) == shift.source and shift.origin.module_source() == Local("self")
+    w = by_path["blocks.0.fc.weight"]
+    assert w.kind == "parameter" and w.origin.is_parameter() and w.stable_address
+    user = [i for i in cap.inputs if i.kind == "user"]
+    assert [i.origin for i in user] == [Local("x")] and user[0].module_path is None
+    # a parameter is fetched through its module's namespace reference (identity-guarded)
+    assert w.fetch.startswith("___") and w.fetch != w.source
+
+
+def test_parameter_guard_reads_through_identity_guarded_module():
+    from ember.capture.output import OutputGraph
+    out = OutputGraph({})
+    mod = ModuleChild(SELF, "fc")
+    out.guards.add_identity(mod, "___fc_ref")
+    assert out.guards.identity[mod] == "___fc_ref"
+    assert str(out._short_path(Param(mod, "weight"))) == "___fc_ref._parameters['weight']"
+    assert out._short_path(Param(ModuleChild(SELF, "other"), "w")) == \
+        Param(ModuleChild(SELF, "other"), "w")
+    lin = torch.nn.Linear(1, 1)
+    ref = out.ns(lin, "Linear")
+    assert out.stable_ref(lin, mod) == "(self._modules['fc'])"
+    out.guards.add_identity(Attr(SELF, "lin"), ref)
+    assert out.stable_ref(lin, Attr(SELF, "lin")) == ref
