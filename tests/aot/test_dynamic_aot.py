@@ -375,9 +375,9 @@ def test_guard_added_by_tracing_is_checked(caplog: pytest.LogCaptureFixture) -> 
         with caplog.at_level(logging.WARNING, logger="ember.aot"):
             out = compiled(x, y)[0]
         assert_close(out, x + y)
-        if env.guards:  # the traced graph assumed the sizes equal
-            assert spy.calls == calls + 1
-            assert "size guard" in caplog.text
+        assert env.guards  # the traced graph assumed the sizes equal
+        assert spy.calls == calls + 1
+        assert "size guard" in caplog.text
 
 
 def test_data_dependent_op_is_refused_with_reason() -> None:
@@ -530,3 +530,26 @@ def test_e2e_module_batch_sweep_aot_eager() -> None:
         assert_close(out, ref)
         for a, p in zip(ours, model.parameters()):
             assert_close(a, p.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_specializing_decomposition_is_reported_and_checked(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # a decomposition that reads a size as a Python int fixes it: the warning says so, and a
+    # call at another size does not run the graph traced for the first one
+    def cos_fixing_size(x: torch.Tensor) -> torch.Tensor:
+        n = int(x.shape[0])  # specializes the symbol
+        return torch.sin(x + 1.5707963267948966) * (n // n)
+
+    spy = Spy()
+    spy.backend = dataclasses.replace(spy.backend, decompositions={aten.cos.default:
+                                                                   cos_fixing_size})
+    gm = trace(lambda x: torch.cos(x) * 2)
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="ember.aot"):
+        compiled = dyn_compile(gm, [torch.randn(4, 3)], [(0,)], spy)
+        assert "specialized sizes to constants" in caplog.text
+        x = torch.randn(4, 3)
+        assert_close(compiled(x)[0], torch.cos(x) * 2)
+        calls = spy.calls
+        x = torch.randn(6, 3)
+        assert_close(compiled(x)[0], torch.cos(x) * 2)
+        assert spy.calls == calls  # ran eagerly: the traced graph holds only for 4 rows

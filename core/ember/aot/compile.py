@@ -336,6 +336,14 @@ class AOTCompiled:
         if new:
             log.debug("AOT autograd's tracing added size guards: %s",
                       ", ".join(str(g.expr) for g in new))
+        fixed = [g for g in new if _specializes(g.expr)]
+        if fixed:
+            # not silent: the graphs are valid for these values only (capture's guards or the
+            # runtime's check send other sizes elsewhere), which defeats dynamic shapes
+            log.warning("ember: tracing graph %s at the ATen level specialized sizes to "
+                        "constants: %s; the compiled graphs serve those sizes only",
+                        getattr(self.context, "graph_id", "?"),
+                        "; ".join(f"{g.expr} ({g.sloc})" for g in fixed))
         return guard_check(self.binder, new)
 
     def _backward_infos(self, joint: torch.fx.GraphModule, part: Any,
@@ -363,6 +371,14 @@ class AOTCompiled:
     def _log(self, what: str, gm: torch.fx.GraphModule) -> None:
         if enabled("aot"):
             log.info("AOT %s graph:\n%s", what, _readable(gm))
+
+
+def _specializes(expr: Any) -> bool:
+    """Is a guard ``Eq(<symbolic size>, <number>)`` (a size fixed to a constant)?"""
+    import sympy
+
+    return (isinstance(expr, sympy.Eq) and bool(expr.free_symbols)
+            and any(a.is_number for a in expr.args))
 
 
 def _alias_geometry(info: GraphInfo, binder: Any) -> Any:
