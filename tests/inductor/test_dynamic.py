@@ -243,6 +243,22 @@ def test_symint_inputs_and_outputs() -> None:
     assert _work() == before
 
 
+def test_factories_with_symbolic_sizes() -> None:
+    """arange/zeros/full sized by a SymInt input or by a tensor's size, and a value that is a
+    size."""
+    def f(x, n):
+        return (torch.arange(x.size(0)) * 2 + x.size(1), torch.zeros(n, 3) + x.sum(),
+                torch.full((n,), n) * 1.5, x + torch.arange(x.size(1)).unsqueeze(0), x.t() * 2)
+
+    gm = _trace(f, (torch.randn(8, 6), 5))
+    fn = compile_inductor(gm, [torch.randn(8, 6), 5])
+    before = _work()
+    for shape, n in (((8, 6), 5), ((3, 4), 2), ((17, 9), 33)):
+        x = torch.randn(shape)
+        assert_same(list(fn(x, n)), list(f(x, n)), check_stride=True)
+    assert _work() == before
+
+
 def test_cache_key_is_the_symbolic_source() -> None:
     """The same function traced at another example size is the same symbolic graph: its
     wrapper comes from the cache, nothing is generated."""

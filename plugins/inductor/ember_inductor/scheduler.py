@@ -77,8 +77,12 @@ def loop_order(node: ComputedBuffer) -> list[int]:
         return dims
     try:
         return sorted(dims, key=lambda i: -int(stride[i]))
-    except TypeError:  # symbolic strides: keep the logical order
-        return dims
+    except TypeError:  # symbolic strides: ordered by their example values (a heuristic)
+        from .sizes import SymbolicUnsupported, size_hint
+        try:
+            return sorted(dims, key=lambda i: -size_hint(stride[i]))
+        except SymbolicUnsupported:
+            return dims
 
 
 def loop_sizes(node: ComputedBuffer) -> list[Any]:
