@@ -18,7 +18,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from .. import _logging
 from ..exc import Unsupported
 from .guards import FN
-from .sources import NamespaceRef, Source
+from .sources import Local, NamespaceRef, Source
 from .variables import (BoundMethodVar, BuiltinVar, CellVar, ClassVar, ConstVar,
                         ContainerMethodVar, DataclassVar, DictVar, ExitVar, FunctionVar,
                         IteratorVar, ListVar, NestedFunctionVar, NNModuleVar,
@@ -271,7 +271,7 @@ class OutputGraph:
         dynamic (``dynamic=True``, or automatic dynamic after its value changed); None: wrap it
         as a constant, as before."""
         policy = self.policy
-        if str(source) not in policy.root_args:
+        if not (isinstance(source, Local) and source.local in policy.root_args):
             return None
         state = policy.state if policy.mode is None else None
         dyn = state.see_int(source, value) if state is not None else policy.mode is True

@@ -74,16 +74,11 @@ class Source(_tg.Source):
     # Two sources are equal when they are of the same kind and print alike (the printers of
     # one kind are one-to-one, so this is structural equality; it also tells ``(x)[1]`` from
     # ``(x)[True]``, which field equality would not). The hash is that of the text, computed
-    # once, so keys of any type (a slice in ``obj[1:2]``) stay hashable.
-    #
-    # Transitional: a source also equals the string it prints as, so tables still keyed by
-    # expression strings (code written before sources were structured) keep working while
-    # they move over. New code compares sources, never text.
+    # once, so keys of any type (a slice in ``obj[1:2]``) stay hashable. A source never equals
+    # a string: code that has a string compares ``str(source)`` explicitly.
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Source):
             return type(self) is type(other) and self._text == other._text
-        if isinstance(other, str):
-            return self._text == other
         return NotImplemented
 
     def __hash__(self) -> int:
