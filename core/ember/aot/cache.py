@@ -645,9 +645,11 @@ def _runtime(aot: Any, e: Entry, variant: Any, tensors: list[torch.Tensor], t0: 
     from .runtime import ForwardOnly, Training
 
     detached = [t.detach() for t in tensors]
-    aot._log("inference forward (cached)" if e.kind == "inference" else "forward (cached)", e.fw)
+    log.debug("AOT graphs rebuilt from the on-disk cache (no tracing)")
+    aot._log("inference forward" if e.kind == "inference" else "forward", e.fw)
+    extra = {"saved_bytes": e.partition["saved_bytes"]} if e.kind == "training" else {}
     events.emit("timing", stage="aot", seconds=time.perf_counter() - t0,
-                graph=e.kind, cached=True)
+                graph=e.kind, cached=True, **extra)
     primals = aot._primal_infos()
     if e.kind == "inference":
         runtime = ForwardOnly(e.info, aot._compile(e.fw, detached,
@@ -657,7 +659,7 @@ def _runtime(aot: Any, e: Entry, variant: Any, tensors: list[torch.Tensor], t0: 
         runtime.size_guards = None  # static shapes: nothing to check per call
         return runtime
     assert e.bw is not None
-    aot._log("backward (cached)", e.bw)
+    aot._log("backward", e.bw)
     p = e.partition
     part = Partition(e.fw, e.bw, p["n_saved"], list(p["saved_names"]), p["saved_bytes"],
                      [frozenset(s) for s in p["grad_tangent_deps"]],
