@@ -61,7 +61,27 @@ def _graph_key(gm: torch.fx.GraphModule, options: dict[str, Any]) -> str:
             else:
                 h.update(repr((n.name, type(v).__name__)).encode())
     h.update(repr(sorted((k, repr(v)) for k, v in options.items())).encode())
+    env = _shape_env(gm)
+    if env is not None:
+        # symbolic sizes: the code may rely on the symbols' ranges and on the guards' relations
+        # (never on their example values, which stay out of the key)
+        h.update(repr(sorted(str(getattr(g, "expr", g)) for g in getattr(env, "guards", []))
+                      ).encode())
+        h.update(repr(sorted((str(k), str(v)) for k, v in env.var_to_range.items())).encode())
     return h.hexdigest()
+
+
+def _shape_env(gm: torch.fx.GraphModule) -> Any:
+    """The ShapeEnv of a graph traced with symbolic sizes (None for a static graph)."""
+    for n in gm.graph.nodes:
+        if n.op != "placeholder":
+            continue
+        v = n.meta.get("val")
+        vals = list(v.shape) + list(v.stride()) if isinstance(v, torch.Tensor) else [v]
+        for x in vals:
+            if isinstance(x, torch.SymInt):
+                return x.node.shape_env
+    return None
 
 
 def generate_source(gm: torch.fx.GraphModule, key: str = "") -> tuple[str, dict[str, Any]]:
