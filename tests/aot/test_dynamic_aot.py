@@ -553,3 +553,80 @@ def test_specializing_decomposition_is_reported_and_checked(
         x = torch.randn(6, 3)
         assert_close(compiled(x)[0], torch.cos(x) * 2)
         assert spy.calls == calls  # ran eagerly: the traced graph holds only for 4 rows
+
+
+def test_training_input_mutation_and_batchnorm_buffers() -> None:
+    # running statistics (mutated buffers) and an in-place update of a user input, at several
+    # sizes through one compile
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4),
+                                torch.nn.ReLU())
+    ref_model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4),
+                                    torch.nn.ReLU())
+    ref_model.load_state_dict(model.state_dict())
+    gm, names = lift(model)
+    state = state_tensors(model, names)
+    spy = Spy()
+    # batch and image size symbolic
+    compiled = dyn_compile(gm, [torch.randn(2, 3, 6, 7)] + state,
+                           [(0, 2, 3)] + [None] * len(state), spy)
+    for b, h in ((2, 6), (3, 9), (4, 5)):
+        x = torch.randn(b, 3, h, h + 1)
+        model.zero_grad()
+        ref_model.zero_grad()
+        out = compiled(x, *state)[0]
+        ref = ref_model(x)
+        assert_close(out, ref, rtol=1e-4, atol=1e-5)
+        out.square().sum().backward()
+        ref.square().sum().backward()
+        assert_close(model[0].weight.grad, ref_model[0].weight.grad, rtol=1e-4, atol=1e-4)
+        assert_close(model[1].running_mean, ref_model[1].running_mean)
+        assert_close(model[1].running_var, ref_model[1].running_var)
+    assert [k for k, _, _ in spy.graphs] == ["forward", "backward"]
+
+
+def test_training_user_input_mutated() -> None:
+    def f(x: torch.Tensor, acc: torch.Tensor) -> Any:
+        acc.add_(x.sum(0))
+        return (x * acc).tanh()
+
+    def make(s: int) -> list[Any]:
+        return [torch.randn(s, 3, requires_grad=True), torch.zeros(3)]
+
+    gm = trace(f)
+    spy = Spy()
+    compiled = dyn_compile(gm, make(4), [(0,), None], spy)
+    for s in (4, 6, 2):
+        x, acc = make(s)
+        x2, acc2 = _leaf(x, True), acc.clone()
+        out = compiled(x, acc)[0]
+        ref = f(x2, acc2)
+        assert_close(out, ref)
+        assert_close(acc, acc2)
+        out.sum().backward()
+        ref.sum().backward()
+        assert_close(x.grad, x2.grad)
+    assert [k for k, _, _ in spy.graphs] == ["forward", "backward"]
+
+
+def test_training_under_autocast() -> None:
+    def f(x: torch.Tensor, w: torch.Tensor) -> Any:
+        return (x @ w).float().softmax(-1)
+
+    spy = Spy()
+    gm = trace(f)
+    w = torch.randn(5, 4, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        compiled = dyn_compile(gm, [torch.randn(3, 5), w], [(0,), None], spy)
+        for s in (3, 7):
+            x = torch.randn(s, 5)
+            w.grad = None
+            out = compiled(x, w)[0]
+            out.square().sum().backward()
+            g = w.grad.clone()
+            w.grad = None
+            ref = f(x, w)
+            ref.square().sum().backward()
+            assert out.dtype == ref.dtype
+            assert_close(out, ref)
+            assert_close(g, w.grad)

@@ -238,6 +238,7 @@ def _grad_info(gm: Any, tensors: Sequence[Any], requires_grad: Sequence[bool], i
             if xs[i].requires_grad:  # mutate a non-leaf copy, as the joint trace does
                 xs[i] = xs[i].clone()
         flat, _ = _flatten(gm(*xs))
-    info.graph_out_requires_grad = [isinstance(flat[k], torch.Tensor) and bool(flat[k].requires_grad)
+    info.graph_out_requires_grad = [isinstance(flat[k], torch.Tensor)
+                                    and bool(flat[k].requires_grad)
                                     for k in info.graph_out_flat]
     info.mutated_requires_grad = [bool(xs[i].requires_grad) for i in info.mutated]
