@@ -135,6 +135,14 @@ def compile_inductor(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
         if isinstance(v, torch.Tensor) and v.device.type != "cpu":
             raise NotImplementedError(f"ember-inductor: {v.device.type} graphs are not supported "
                                       "yet (CPU only)")
+    if not options.get("_frozen"):
+        # inference graphs: fold parameter-only computation once (freezing.py); the graph
+        # compiled below takes the folded values as trailing inputs
+        from .freezing import freeze_and_compile
+
+        frozen = freeze_and_compile(compile_inductor, gm, example_inputs, context, options)
+        if frozen is not None:
+            return frozen
     t0 = time.perf_counter()
     counters["compiled"] += 1
     opts = {k: v for k, v in options.items()}

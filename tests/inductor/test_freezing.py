@@ -1,0 +1,136 @@
+"""Freezing (ember_inductor/freezing.py): in inference, parameter-only computation is folded once
+(BatchNorm into the preceding convolution, constant subexpressions), results match eager, and a
+changed parameter is noticed on the next call, however it was changed."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import ember
+from ember_inductor import freezing
+
+
+class ConvBN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 4, 1, bias=True)
+        self.bn2 = nn.BatchNorm2d(4)
+        self.fc = nn.Linear(4, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.bn(self.conv(x)))
+        y = self.bn2(self.conv2(y)) + 1.0
+        return self.fc(y.mean((2, 3))) * self.fc.bias.exp().sum()
+
+
+def _model() -> ConvBN:
+    torch.manual_seed(0)
+    m = ConvBN()
+    with torch.no_grad():  # non-trivial running statistics and affine parameters
+        for bn in (m.bn, m.bn2):
+            bn.running_mean.uniform_(-0.5, 0.5)
+            bn.running_var.uniform_(0.5, 2.0)
+            bn.weight.uniform_(0.5, 1.5)
+            bn.bias.uniform_(-0.2, 0.2)
+    return m.eval()
+
+
+@pytest.fixture(autouse=True)
+def _fresh(tmp_path, monkeypatch):
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path / "cache"))
+    ember.reset()
+    yield
+    ember.reset()
+
+
+def _pair(**kw):
+    eager = _model()
+    compiled_model = copy.deepcopy(eager)
+    return eager, compiled_model, ember.compile(compiled_model, backend="inductor", **kw)
+
+
+def _check(eager, compiled, x):
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), eager(x), rtol=1e-4, atol=1e-5)
+
+
+def test_batchnorm_folded_and_results_equal():
+    before = dict(freezing.counters)
+    eager, _, compiled = _pair()
+    x = torch.randn(2, 3, 10, 10)
+    _check(eager, compiled, x)
+    assert freezing.counters["graphs"] == before.get("graphs", 0) + 1
+    assert freezing.counters["conv_bn"] == before.get("conv_bn", 0) + 2
+    folds = freezing.counters["folds"]
+    _check(eager, compiled, x)
+    assert freezing.counters["folds"] == folds  # unchanged parameters: no refold
+
+
+def _mutations():
+    def inplace(m):
+        m.conv.weight.mul_(1.5)          # under no_grad, as an optimizer step
+        m.bn.running_var.add_(0.5)
+
+    def via_data(m):
+        m.bn.weight.data.add_(0.25)       # .data: neither version counter nor pointer changes
+        m.conv2.weight.data.mul_(-1.0)
+
+    def fc_bias(m):
+        m.fc.bias.data.copy_(torch.linspace(-1, 1, 5))
+
+    def state_dict(m):
+        sd = {k: v + 0.1 for k, v in m.state_dict().items()}
+        m.load_state_dict(sd)
+
+    return [inplace, via_data, fc_bias, state_dict]
+
+
+@pytest.mark.parametrize("mutate", _mutations(), ids=lambda f: f.__name__)
+def test_changed_parameter_is_noticed(mutate):
+    eager, cmodel, compiled = _pair()
+    x = torch.randn(2, 3, 10, 10)
+    _check(eager, compiled, x)
+    with torch.no_grad():
+        mutate(eager)
+        mutate(cmodel)
+    _check(eager, compiled, x)
+    with torch.no_grad():
+        changed = eager(x)
+    assert not torch.allclose(changed, _model()(x), atol=1e-4)  # the mutation mattered
+
+
+def test_version_check_mode_sees_inplace_updates():
+    eager, cmodel, compiled = _pair(options={"freezing_check": "version"})
+    x = torch.randn(2, 3, 10, 10)
+    _check(eager, compiled, x)
+    with torch.no_grad():
+        for m in (eager, cmodel):
+            m.conv.weight.mul_(0.5)
+            m.bn2.bias.add_(1.0)
+    _check(eager, compiled, x)
+
+
+def test_training_graphs_are_not_frozen():
+    torch.manual_seed(0)
+    m = _model().train()
+    ref = copy.deepcopy(m)
+    before = freezing.counters["graphs"]
+    compiled = ember.compile(m, backend="inductor")
+    x = torch.randn(2, 3, 10, 10)
+    compiled(x).sum().backward()
+    ref(x).sum().backward()
+    assert freezing.counters["graphs"] == before
+    torch.testing.assert_close(m.conv.weight.grad, ref.conv.weight.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_freezing_off():
+    before = freezing.counters["graphs"]
+    eager, _, compiled = _pair(options={"freezing": False})
+    _check(eager, compiled, torch.randn(2, 3, 10, 10))
+    assert freezing.counters["graphs"] == before
