@@ -118,6 +118,15 @@ def test_long_reduction_accumulates_exactly() -> None:
     sweep(f, lambda n: (torch.rand(3, n) + 100,), sizes=(16, 40000), rtol=1e-6, atol=1e-3)
 
 
+def test_low_precision_and_integer_dtypes() -> None:
+    def f(x, i):
+        return (torch.softmax(x, -1), x.sum(0), (x * 2).to(torch.float32).mean(1), i.sum(1),
+                i.amax(0), (i > 0).any(1))
+
+    sweep(f, lambda n: (torch.randn(n, n + 9, dtype=torch.bfloat16),
+                        torch.randint(-50, 50, (n, n + 9))), sizes=(8, 3, 70))
+
+
 # -- views, cat, indexing -------------------------------------------------------------------------
 def test_views_with_computed_sizes() -> None:
     def f(x):

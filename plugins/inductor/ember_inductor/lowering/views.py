@@ -380,8 +380,8 @@ def constant_pad_nd(x: Any, pad: Sequence[int], value: Any = 0) -> Any:
     out_size = shape_of(m)
     n = len(out_size)
     in_size = x.get_size()
-    if not all(isinstance(p, int) for p in pad):
-        raise Unsupported("symbolic padding")
+    if not all(isinstance(p, int) for p in pad) or not isinstance(value, (bool, int, float)):
+        raise Unsupported("symbolic padding or fill value")
     lo = [0] * n
     for k in range(len(pad) // 2):
         lo[n - 1 - k] = pad[2 * k]
