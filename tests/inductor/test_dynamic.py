@@ -24,6 +24,8 @@ from ember_inductor.runtime import cache as rt_cache
 from inductor_util import assert_same
 
 SIZES = (8, 2, 3, 17, 33)  # compiled at the first
+# Note: make_fx's ShapeEnv gives equal sizes one symbol ("duck sizing") and guards on it; an input
+# built so that two dims are equal at the first size must keep them equal at every size.
 
 
 def _trace(fn: Callable[..., Any], inputs: Sequence[Any]) -> torch.fx.GraphModule:
@@ -174,6 +176,25 @@ def test_matmul_epilogue() -> None:
 
     sweep(f, lambda n: (torch.randn(n, 16), torch.randn(24, 16), torch.randn(24),
                         torch.randn(n, 24)))
+
+
+def test_sdpa_and_conv_externs() -> None:
+    """Extern kernels called with computed sizes: attention over a symbolic sequence length,
+    a convolution over symbolic batch and image sizes, with fused epilogues."""
+    def attn(q, k, v, w):
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return (y.transpose(1, 2).reshape(q.size(0), q.size(2), -1) @ w + 1,)
+
+    sweep(attn, lambda n: (torch.randn(2, 4, n, 8), torch.randn(2, 4, n, 8),
+                           torch.randn(2, 4, n, 8), torch.randn(32, 16)),
+          sizes=(6, 2, 3, 17), fallbacks_ok=True, atol=1e-4, rtol=1e-4)
+
+    def conv(x, w, b):
+        return (torch.relu(F.conv2d(x, w, b, padding=1)) * 2, F.max_pool2d(x, 2).sum((2, 3)))
+
+    sweep(conv, lambda n: (torch.randn(n, 3, n + 6, 2 * n + 3), torch.randn(5, 3, 3, 3),
+                           torch.randn(5)), sizes=(4, 2, 5), fallbacks_ok=True, atol=1e-4,
+          rtol=1e-4)
 
 
 class _Block(torch.nn.Module):
