@@ -630,3 +630,28 @@ def test_training_under_autocast() -> None:
             assert out.dtype == ref.dtype
             assert_close(out, ref)
             assert_close(g, w.grad)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_input_alias_of_an_input_with_another_storage_offset(dynamic: bool) -> None:
+    # capture guards sizes and strides, not storage offsets: x and big[k:] with the same
+    # geometry reach one graph; a returned view of the input starts where the input starts
+    def f(x: torch.Tensor) -> Any:
+        return x[1:], x.view(torch.int32)[:, 2:], torch.view_as_real(x.to(torch.complex64)[1:])
+
+    gm = trace(f)
+    spy = Spy()
+    x = torch.randn(4, 5)
+    with torch.no_grad():
+        if dynamic:
+            compiled = dyn_compile(gm, [x], [(0,)], spy)
+        else:
+            compiled = aot_compile(gm, [x], backend=spy.backend, context=_context(gm, None))
+        for k in (0, 1, 3):
+            y = torch.randn(4 + k, 5)[k:]
+            out, ref = compiled(y), f(y)
+            for a, b in zip(out, ref):
+                assert torch.equal(a, b)
+            assert out[0].storage_offset() == ref[0].storage_offset()
+            assert out[0].data_ptr() == ref[0].data_ptr()
+            assert out[1].data_ptr() == ref[1].data_ptr()

@@ -43,6 +43,10 @@ class OutputInfo:
     same: bool = False  # the alias is the very tensor (same size, stride and offset)
     value: Any = None
     dtype: Any = None  # the alias's dtype (a view may reinterpret its base: view(dtype), .real)
+    # "input_alias": the traced input's storage offset (in its elements). ``offset`` is valid for
+    # an input with that offset; the runtime shifts it by the difference (capture does not guard
+    # storage offsets: x and big[1:] with the same sizes and strides reach the same graph)
+    base_offset: Any = 0
 
 
 @dataclasses.dataclass
@@ -199,7 +203,8 @@ def analyze(gm: Any, tensors: Sequence[Any], requires_grad: Sequence[bool],
         for i, f in tfakes:
             if torch._C._is_alias_of(o, f):
                 same = og == _geometry(f) and o.dtype == f.dtype
-                info = OutputInfo("input_alias", i, og[0], og[1], og[2], same, dtype=o.dtype)
+                info = OutputInfo("input_alias", i, og[0], og[1], og[2], same, dtype=o.dtype,
+                                  base_offset=expr_of(f.storage_offset()))
                 break
         if info is None:
             for j in range(k):

@@ -392,13 +392,16 @@ def _alias_geometry(info: GraphInfo, binder: Any) -> Any:
             exprs.extend(o.size)
             exprs.extend(o.stride)
             exprs.append(o.offset)
+            exprs.append(o.base_offset)
     if not slots:
         return None
     ev = SizeExprs(binder, exprs)
 
-    def geometry(inputs: Sequence[Any]) -> dict[int, tuple[tuple[int, ...], tuple[int, ...], int]]:
+    def geometry(inputs: Sequence[Any]) -> dict[int, tuple[Any, ...]]:
+        """{output position: (size, stride, offset, traced base offset)}"""
         vals = ev(inputs)
-        return {k: (vals[s:s + r], vals[s + r:s + 2 * r], vals[s + 2 * r]) for k, r, s in slots}
+        return {k: (vals[s:s + r], vals[s + r:s + 2 * r], vals[s + 2 * r], vals[s + 2 * r + 1])
+                for k, r, s in slots}
 
     return geometry
 

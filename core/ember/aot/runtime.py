@@ -38,15 +38,24 @@ def _regenerate(info: GraphInfo, inputs: Sequence[Any], graph_outs: Sequence[Any
             flat.append(graph_outs[o.index])
         elif o.kind == "input_alias":
             base = inputs[o.index]
-            size, stride, offset = geo[k] if geo is not None else (o.size, o.stride, o.offset)
-            flat.append(base if o.same else view_of(base, size, stride, offset, o.dtype))
+            if o.same:
+                flat.append(base)
+                continue
+            size, stride, offset, base_offset = (geo[k] if geo is not None else
+                                                 (o.size, o.stride, o.offset, o.base_offset))
+            now = base.storage_offset()
+            if now != base_offset:  # the same view of an input that starts elsewhere
+                itemsize = _itemsize(o.dtype or base.dtype)
+                offset = (offset * itemsize + (now - base_offset) * base.element_size()
+                          ) // itemsize
+            flat.append(view_of(base, size, stride, offset, o.dtype))
         elif o.kind == "output_alias":
             base = flat[o.index]
             if o.same:
                 flat.append(base)
             else:
-                size, stride, offset = geo[k] if geo is not None else (o.size, o.stride,
-                                                                         o.offset)
+                size, stride, offset, _ = geo[k] if geo is not None else (o.size, o.stride,
+                                                                            o.offset, 0)
                 nbytes = base.storage_offset() * base.element_size() + offset
                 itemsize = _itemsize(o.dtype or base.dtype)
                 flat.append(view_of(base, size, stride, nbytes // itemsize, o.dtype))
