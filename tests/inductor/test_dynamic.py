@@ -102,6 +102,30 @@ def test_reductions_over_symbolic_dims() -> None:
     sweep(f, lambda n: (torch.randn(n, n + 7),))
 
 
+@pytest.mark.parametrize("op", ["sum", "mean", "amax", "argmin", "var", "prod", "softmax",
+                                "log_softmax"])
+def test_reduction_every_axis(op: str) -> None:
+    """Every axis of a 3-d tensor with three symbolic dims, with and without keepdim, contiguous
+    and transposed (the reduction walks strided memory)."""
+    def red(x, d, keep):
+        if op in ("softmax", "log_softmax"):
+            return getattr(torch, op)(x, d)
+        if op == "var":
+            return x.var(d, keepdim=keep)
+        if op == "argmin":
+            return x.argmin(d, keepdim=keep)
+        return getattr(torch, op)(x, d, keepdim=keep) if op != "prod" else x.prod(d, keep)
+
+    def f(x, y):
+        return tuple(red(t, d, keep) for t in (x, y.transpose(0, 2)) for d in range(3)
+                     for keep in (False, True))
+
+    def make(n):
+        return (torch.rand(n, n + 3, 2 * n + 1) + 0.5, torch.rand(2 * n + 1, n + 3, n) + 0.5)
+
+    sweep(f, make, sizes=(5, 2, 9), rtol=1e-4, atol=1e-5)
+
+
 def test_softmax_layer_norm() -> None:
     def f(x, w, b):
         return (torch.softmax(x, -1), torch.log_softmax(x, 0),
