@@ -26,8 +26,9 @@ class Block(torch.nn.Module):
         self.fc2 = torch.nn.Linear(h, d)
         self.norm = torch.nn.LayerNorm(d)
 
-    def forward(self, x):
-        return x + self.fc2(warm_helper.act(self.fc1(self.norm(x))))
+    @warm_helper.decorated  # a wrapper whose closure holds the function it wraps
+    def forward(self, x, scale=1.0):
+        return x + self.fc2(warm_helper.act(self.fc1(self.norm(x)))) * scale
 
 
 class Model(torch.nn.Module):
@@ -43,11 +44,19 @@ class Model(torch.nn.Module):
 '''
 
 HELPER = '''
+import functools
 import torch
 
 
 def act(x):
     return torch.nn.functional.gelu(x)
+
+
+def decorated(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return fn(*args, **kwargs)
+    return wrapper
 '''
 
 RUN = '''

@@ -169,11 +169,52 @@ def _import_name(obj: Any) -> tuple[str, str]:
     raise _Refuse(f"{obj!r} is not importable by name")
 
 
+def _consts(values: Any) -> str:
+    """A function's defaults (plain constants only) as text."""
+    items = values.values() if isinstance(values, dict) else values
+    for v in items:
+        if not (v is None or type(v) in (bool, int, str, float)):
+            raise _Refuse(f"default of type {type(v).__name__}")
+    return repr(values)
+
+
+def _code_path(code: types.CodeType, target: Any, depth: int = 4) -> list[int] | None:
+    """Indices into nested ``co_consts`` leading from ``code`` to ``target`` ([] for itself)."""
+    if code is target:
+        return []
+    if depth == 0:
+        return None
+    for i, c in enumerate(code.co_consts):
+        if isinstance(c, types.CodeType):
+            rest = _code_path(c, target, depth - 1)
+            if rest is not None:
+                return [i, *rest]
+    return None
+
+
+def _cell_path(start: Any, target: Any, depth: int = 3) -> list[int] | None:
+    """Closure-cell indices leading from function ``start`` to ``target``."""
+    if not isinstance(start, types.FunctionType) or depth == 0:
+        return None
+    for i, c in enumerate(start.__closure__ or ()):
+        try:
+            v = c.cell_contents
+        except ValueError:
+            continue
+        if v is target:
+            return [i]
+        rest = _cell_path(v, target, depth - 1)
+        if rest is not None:
+            return [i, *rest]
+    return None
+
+
 class _Finder:
     """Recipes for the objects an entry's namespace holds."""
 
-    def __init__(self, fn: Any, roots: dict[str, Any]):
+    def __init__(self, fn: Any, roots: dict[str, Any], ns: dict[str, Any] | None = None):
         self.fn = fn
+        self.ns = ns or {}
         self.paths: dict[int, list[Any]] = {}
         self.files: dict[str, str] = {}
         for name, root in roots.items():
@@ -194,6 +235,29 @@ class _Finder:
         file = _needs_file_hash(mod)
         if file is not None:
             self.files[file] = _file_hash(file)
+
+    def fingerprint(self, obj: Any, depth: int = 0) -> list[Any]:
+        """What a function is, compared (not resolved) at load: its code, defaults and the
+        values its closure holds (a decorator's wrapper holds the function it wraps)."""
+        if depth > 8:
+            raise _Refuse("closures nested too deep")
+        if obj is None or type(obj) in (bool, int, str):
+            return ["const", obj]
+        if type(obj) is float:
+            return ["float", obj.hex()]
+        if isinstance(obj, type):
+            return ["class", *_import_name(obj)]
+        if not isinstance(obj, types.FunctionType):
+            raise _Refuse(f"closure holds a {type(obj).__name__}")
+        mod = obj.__module__
+        if isinstance(mod, str):
+            self._file(mod)
+        for d in (obj.__defaults__ or ()) + tuple((obj.__kwdefaults__ or {}).values()):
+            if not (d is None or type(d) in (bool, int, str, float)):
+                raise _Refuse(f"default of type {type(d).__name__}")
+        return ["fn", hashlib.sha256(marshal.dumps(obj.__code__)).hexdigest(),
+                repr(obj.__defaults__), repr(obj.__kwdefaults__),
+                [self.fingerprint(c.cell_contents, depth + 1) for c in obj.__closure__ or ()]]
 
     def recipe(self, name: str, obj: Any) -> list[Any]:
         from .output import ENTRY_HELPERS
@@ -218,6 +282,27 @@ class _Finder:
             if not isinstance(obj, (torch.Tensor, dict)):
                 self._file(type(obj).__module__)
             return ["path", path, meta]
+        if type(obj) in (tuple, dict):  # a function's __defaults__ / __kwdefaults__
+            for attr in ("__defaults__", "__kwdefaults__"):
+                if getattr(self.fn, attr) is obj:
+                    return ["fn_attr", attr, _consts(obj)]
+                for fname, f in self.ns.items():
+                    if isinstance(f, types.FunctionType) and getattr(f, attr) is obj:
+                        return ["attr_of", fname, attr, _consts(obj)]
+        if isinstance(obj, types.CellType):  # a closure cell (its contents are guarded)
+            for fname, f in [("", self.fn), *self.ns.items()]:
+                if isinstance(f, types.FunctionType):
+                    for i, c in enumerate(f.__closure__ or ()):
+                        if c is obj:
+                            return ["attr_of", fname, "cell", i]
+            raise _Refuse(f"closure cell {name} of no known function")
+        if isinstance(obj, types.CodeType):  # a function's code, or a nested one in its constants
+            for fname, f in [("", self.fn), *self.ns.items()]:
+                if isinstance(f, types.FunctionType):
+                    path = _code_path(f.__code__, obj)
+                    if path is not None:
+                        return ["attr_of", fname, "code", path]
+            raise _Refuse(f"code object {name} of no known function")
         if type(obj) is dict:  # another module's globals (a function inlined from it)
             for mname, m in list(sys.modules.items()):
                 if getattr(m, "__dict__", None) is obj:
@@ -229,12 +314,15 @@ class _Finder:
                 raise _Refuse(f"module {obj.__name__} is not in sys.modules")
             return ["pymodule", obj.__name__]
         if isinstance(obj, types.FunctionType):
-            if obj.__closure__:
-                raise _Refuse(f"function {obj.__qualname__} has a closure")
-            mod, qual = _import_name(obj)
-            self._file(mod)
-            return ["function", mod, qual, hashlib.sha256(marshal.dumps(obj.__code__)).hexdigest(),
-                    repr(obj.__defaults__), repr(obj.__kwdefaults__)]
+            try:
+                mod, qual = _import_name(obj)
+            except _Refuse:  # a decorated function: reached through its wrapper's closure
+                mod, qual = obj.__module__, obj.__qualname__
+                cells = _cell_path(_resolve_name(mod, qual), obj)
+                if cells is None:
+                    raise
+                return ["wrapped", mod, qual, cells, self.fingerprint(obj)]
+            return ["function", mod, qual, self.fingerprint(obj)]
         if isinstance(obj, type):
             mod, qual = _import_name(obj)
             self._file(mod)
@@ -257,6 +345,11 @@ def _resolve(recipe: list[Any], fn: Any, roots: dict[str, Any], files: dict[str,
         return torch
     if kind == "globals":
         return fn.__globals__
+    if kind == "fn_attr":
+        obj = getattr(fn, recipe[1])
+        if _consts(obj) != recipe[2]:
+            raise _Refuse(f"{recipe[1]} changed")
+        return obj
     if kind == "const":
         return recipe[1]
     if kind == "float":
@@ -301,15 +394,23 @@ def _resolve(recipe: list[Any], fn: Any, roots: dict[str, Any], files: dict[str,
         if obj is None:
             raise _Refuse(f"module {recipe[1]} not imported")
         return obj
-    if kind in ("function", "class", "builtin"):
+    if kind in ("function", "class", "builtin", "wrapped"):
         obj = _resolve_name(recipe[1], recipe[2])
         if obj is None:
             raise _Refuse(f"{recipe[1]}.{recipe[2]} not found")
+        if kind == "wrapped":
+            try:
+                for i in recipe[3]:
+                    obj = obj.__closure__[i].cell_contents
+            except (AttributeError, IndexError, TypeError, ValueError) as e:
+                raise _Refuse(f"{recipe[2]}: no such closure cell") from e
+            kind, recipe = "function", [kind, recipe[1], recipe[2], recipe[4]]
         if kind == "function":
-            if (not isinstance(obj, types.FunctionType) or obj.__closure__
-                    or hashlib.sha256(marshal.dumps(obj.__code__)).hexdigest() != recipe[3]
-                    or repr(obj.__defaults__) != recipe[4]
-                    or repr(obj.__kwdefaults__) != recipe[5]):
+            try:
+                same = _Finder(fn, {}).fingerprint(obj) == recipe[3]
+            except (_Refuse, ValueError):  # ValueError: an empty closure cell
+                same = False
+            if not same:
                 raise _Refuse(f"function {recipe[2]} changed")
         return obj
     raise _Refuse(f"unknown recipe {kind}")
@@ -470,8 +571,8 @@ def _save(cf: Any, entry: Any, args: tuple, kwargs: dict) -> None:
     if any(i.kind not in ("user", "parameter", "buffer") for i in cap.inputs):
         raise _Refuse("symbolic inputs")
     fn = cf.fn
-    finder = _Finder(fn, _roots(fn, args, kwargs))
     ns = entry.__globals__
+    finder = _Finder(fn, _roots(fn, args, kwargs), ns)
     recipes = {}
     for name, obj in ns.items():
         if name in _SKIP:
@@ -537,8 +638,25 @@ def _load(cf: Any, rec: dict[str, Any], args: tuple, kwargs: dict,
             raise _Refuse(f"{file} changed")
     fn = cf.fn
     roots = _roots(fn, args, kwargs)
+    recipes = rec["recipes"]
     ns: dict[str, Any] = {name: _resolve(r, fn, roots, rec["files"])
-                          for name, r in rec["recipes"].items()}
+                          for name, r in recipes.items() if r[0] != "attr_of"}
+    for name, r in recipes.items():  # defaults of functions resolved above
+        if r[0] == "attr_of":
+            owner = ns[r[1]] if r[1] else fn
+            if r[2] == "cell":
+                ns[name] = owner.__closure__[r[3]]
+                continue
+            if r[2] == "code":  # the owner's code was checked (marshal) when it was resolved
+                code = owner.__code__
+                for i in r[3]:
+                    code = code.co_consts[i]
+                ns[name] = code
+                continue
+            obj = getattr(owner, r[2])
+            if _consts(obj) != r[3]:
+                raise _Refuse(f"{r[1]}.{r[2]} changed")
+            ns[name] = obj
     ns["___MISS"] = MISS
 
     def probe(*inputs: Any) -> Any:
