@@ -15,8 +15,3 @@ def graphs(fn: Any) -> int:
 def stats() -> dict[str, int]:
     return dict(ember.events.counters["stats"])
 
-
-def aot_dynamic() -> bool:
-    """Does AOT autograd take symbolic graphs yet (notes/dynamic_contract.md)?"""
-    import ember.aot
-    return bool(getattr(ember.aot, "SUPPORTS_DYNAMIC", False))

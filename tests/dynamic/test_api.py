@@ -270,3 +270,53 @@ def test_compile_context_carries_the_fake_mode():
     cf2 = ember.compile(f, backend=be, dynamic=False)
     cf2(torch.randn(4), 3)
     assert seen[-1][0] is None
+
+
+def test_mark_dynamic_is_honoured_with_dynamic_false():
+    def f(x):
+        return x.sum(0)
+    cf = ember.compile(f, backend="eager", dynamic=False)
+    for b in (3, 4, 5):
+        x = torch.randn(b, 2)
+        ember.mark_dynamic(x, 0)
+        _check(cf, f, x)
+    assert graphs(cf) == 1
+
+
+def test_resume_functions_follow_the_dynamic_mode():
+    def f(x):
+        y = x * 2
+        print("graph break")  # the rest runs in a resume function Ember compiles
+        return y + x.size(0)
+    for mode, expected in ((False, 6), (None, 4)):
+        ember.reset()
+        cf = ember.compile(f, backend="eager", dynamic=mode)
+        for n in (3, 4, 5):
+            _check(cf, f, torch.randn(n))
+        assert graphs(cf) == expected, mode  # two graphs per compile of the frame
+
+
+def test_a_dynamic_capture_that_fails_compiles_static_shapes_instead():
+    table = {}
+
+    def f(x, n):
+        table[n] = True  # a SymInt is not hashable: the dynamic capture fails, static works
+        return x + n
+    cf = ember.compile(f, backend="eager")
+    x = torch.randn(3)
+    for n in (1, 2, 3):
+        _check(cf, f, x, n)
+    assert graphs(cf) == 3
+    assert ember.events.counters["stats"].get("fallbacks", 0) == 0
+
+
+def test_sizes_turned_into_text_or_returned_in_containers_are_the_real_values():
+    def f(x):
+        return f"shape={x.shape}", [x.size(0), x.shape], str(x.size(1)), x * 2
+    cf = ember.compile(f, backend="eager")
+    for n in (2, 3, 4, 6):
+        x = torch.randn(n, n + 1)
+        got, exp = cf(x), f(x)
+        assert got[:3] == exp[:3]
+        assert type(got[1][1]) is torch.Size
+        torch.testing.assert_close(got[3], exp[3])

@@ -11,15 +11,11 @@ import torch
 
 import ember
 
-from ._util import aot_dynamic, graphs, stats
+from ._util import graphs, stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.zoo import SmallResNet  # noqa: E402
 
-_NOT_YET = pytest.mark.xfail(
-    not aot_dynamic(), strict=True,
-    reason="AOT autograd does not take symbolic graphs yet (ember.aot.SUPPORTS_DYNAMIC unset): "
-           "capture compiles static graphs for level='aten' backends, one per shape")
 
 BATCHES = [2, 3, 4, 5, 6, 7, 8, 9]
 IMAGES = [16, 20, 24, 28, 32, 36, 40, 44]
@@ -62,23 +58,16 @@ def _run(backend: str, shapes: list[tuple[int, int]], training: bool) -> None:
     assert s.get("fallbacks", 0) == 0 and s.get("graph_breaks", 0) == 0, s
 
 
-def _marks(backend: str) -> list:
-    return [_NOT_YET] if backend != "eager" else []
-
-
-@pytest.mark.parametrize("backend", [pytest.param(b, marks=_marks(b))
-                                     for b in ("eager", "aot_eager", "inductor")])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
 def test_batch_size_sweep(backend: str) -> None:
     _run(backend, [(b, 16) for b in BATCHES], training=False)
 
 
-@pytest.mark.parametrize("backend", [pytest.param(b, marks=_marks(b))
-                                     for b in ("eager", "aot_eager", "inductor")])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
 def test_image_size_sweep(backend: str) -> None:
     _run(backend, [(2, hw) for hw in IMAGES], training=False)
 
 
-@pytest.mark.parametrize("backend", [pytest.param(b, marks=_marks(b))
-                                     for b in ("eager", "aot_eager")])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 def test_batch_size_sweep_training(backend: str) -> None:
     _run(backend, [(b, 16) for b in BATCHES], training=True)

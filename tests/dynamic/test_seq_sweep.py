@@ -10,7 +10,7 @@ import torch
 
 import ember
 
-from ._util import aot_dynamic, graphs, stats
+from ._util import graphs, stats
 
 transformers = pytest.importorskip("transformers")
 
@@ -19,11 +19,6 @@ from hf import models as hf_models  # noqa: E402
 LENGTHS = list(range(2, 52))  # 50 distinct lengths (positions: 64)
 MODELS = ["gpt2", "bert", "llama"]
 BACKENDS = ["eager", "aot_eager", "inductor"]
-
-_NOT_YET = pytest.mark.xfail(
-    not aot_dynamic(), strict=True,
-    reason="AOT autograd does not take symbolic graphs yet (ember.aot.SUPPORTS_DYNAMIC unset): "
-           "capture compiles static graphs for level='aten' backends, one per length")
 
 
 @pytest.fixture(autouse=True)
@@ -91,9 +86,7 @@ def _params():
     for backend in BACKENDS:
         for name in MODELS:
             for mode in ("inference", "training"):
-                marks = [_NOT_YET] if backend != "eager" else []
-                if backend == "inductor" or mode == "training":
-                    marks.append(pytest.mark.slow)
+                marks = [pytest.mark.slow] if backend == "inductor" or mode == "training" else []
                 out.append(pytest.param(name, backend, mode, marks=marks,
                                         id=f"{name}-{backend}-{mode}"))
     return out

@@ -461,7 +461,7 @@ def _resume_call(fn: Any, frame: Frame, rec: Reconstructor, snapshot: Callable[[
     rfn = resume_mod.make_function(rcode, fn)
     if compiled:
         from .frame import CompiledFunction
-        target: Any = CompiledFunction(rfn, backend, options)
+        target: Any = CompiledFunction(rfn, backend, options, dynamic=rec.out.policy.mode)
     else:
         target = rfn
     name = rec.out.ns(target, "resume")
@@ -479,14 +479,15 @@ def _user_code(f: types.FunctionType) -> bool:
 class _CompileCall:
     """Calls a function created at run time (a lambda, a nested def) through Ember."""
 
-    def __init__(self, backend: Any, options: dict[str, Any]):
-        self.backend, self.options = backend, options
+    def __init__(self, backend: Any, options: dict[str, Any], dynamic: bool | None = None):
+        self.backend, self.options, self.dynamic = backend, options, dynamic
 
     def __call__(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         from .frame import CompiledFunction
         if not isinstance(fn, types.FunctionType):
             return fn(*args, **kwargs)
-        return CompiledFunction(fn, self.backend, self.options)(*args, **kwargs)
+        return CompiledFunction(fn, self.backend, self.options,
+                                dynamic=self.dynamic)(*args, **kwargs)
 
 
 def _callee(fn_var: Var, rec: Reconstructor, backend: Any, options: dict[str, Any]
@@ -510,25 +511,28 @@ def _callee_inner(fn_var: Var, rec: Reconstructor, backend: Any, options: dict[s
     out = rec.out
     if isinstance(fn_var, FunctionVar) and isinstance(fn_var.value, types.FunctionType) and \
             not is_disabled(fn_var.value) and _user_code(fn_var.value):
-        return out.ns(CompiledFunction(fn_var.value, backend, options), "compiled_fn"), []
+        dyn = out.policy.mode  # callees compiled at a break follow ember.compile(dynamic=)
+        return out.ns(CompiledFunction(fn_var.value, backend, options, dynamic=dyn),
+                      "compiled_fn"), []
     if isinstance(fn_var, BoundMethodVar) and isinstance(fn_var.fn, FunctionVar) and \
             isinstance(fn_var.fn.value, types.FunctionType) and \
             not is_disabled(fn_var.fn.value) and _user_code(fn_var.fn.value):
-        cf = CompiledFunction(fn_var.fn.value, backend, options)
+        cf = CompiledFunction(fn_var.fn.value, backend, options, dynamic=out.policy.mode)
         return out.ns(cf, "compiled_method"), [rec.expr(fn_var.self_var)]
     if isinstance(fn_var, ObjectVar):
         call = inspect.getattr_static(type(fn_var.value), "__call__", None)
         if isinstance(call, types.FunctionType) and _user_code(call):
-            cf = CompiledFunction(call, backend, options)
+            cf = CompiledFunction(call, backend, options, dynamic=out.policy.mode)
             return out.ns(cf, "compiled_call"), [rec.expr(fn_var)]
     from .variables import NestedFunctionVar
     if isinstance(fn_var, NestedFunctionVar):
-        return f"{out.ns(_CompileCall(backend, options), 'compile_call')}", [rec.expr(fn_var)]
+        return f"{out.ns(_CompileCall(backend, options, out.policy.mode), 'compile_call')}", [
+            rec.expr(fn_var)]
     if isinstance(fn_var, NNModuleVar):
         m = fn_var.value
         if not (m._forward_hooks or m._forward_pre_hooks or m._backward_hooks) and \
                 "forward" not in m.__dict__ and type(m).forward is not torch.nn.Module.forward:
-            cf = CompiledFunction(type(m).forward, backend, options)
+            cf = CompiledFunction(type(m).forward, backend, options, dynamic=out.policy.mode)
             return out.ns(cf, "compiled_forward"), [rec.expr(fn_var)]
     return rec.expr(fn_var), []
 

@@ -402,9 +402,24 @@ class CompiledFunction:
             entry = persist.load(self, args, kwargs, compile_graph) if persist.enabled() else None
             if entry is not None:
                 return entry
-            entry = convert_frame(self.fn, args, kwargs, backend=self.backend, options=self.options,
-                                  compile_graph=compile_graph, fullgraph=self.fullgraph,
-                                  root_module=self._root_module, policy=self._policy(args, kwargs))
+            policy = self._policy(args, kwargs)
+            try:
+                entry = convert_frame(self.fn, args, kwargs, backend=self.backend,
+                                      options=self.options, compile_graph=compile_graph,
+                                      fullgraph=self.fullgraph, root_module=self._root_module,
+                                      policy=policy)
+            except Exception as e:
+                if not _retry_static(policy, e):
+                    raise
+                # A dynamic capture is never worse than a static one: what symbolic sizes made
+                # fail (a SymInt where Python wants a hashable int, ...) compiles static shapes.
+                log.info("ember: dynamic-shape capture of %s failed (%s: %s); compiling static "
+                         "shapes", _user_location(self.fn), type(e).__name__, e)
+                policy.allowed = False
+                entry = convert_frame(self.fn, args, kwargs, backend=self.backend,
+                                      options=self.options, compile_graph=compile_graph,
+                                      fullgraph=self.fullgraph, root_module=self._root_module,
+                                      policy=policy)
             if entry is not None and persist.enabled():
                 persist.save(self, entry, args, kwargs)
             return entry
@@ -422,6 +437,16 @@ class CompiledFunction:
                              allowed=takes_symbolic(self.backend),
                              marked=has_marks(args, kwargs),
                              root_args=tuple(code.co_varnames[:n]))
+
+
+def _retry_static(policy: Any, e: BaseException) -> bool:
+    """Should a failed dynamic-shape capture be retried with static shapes? Not when the user
+    marked dims dynamic (their error must surface), nor for a user error or a fullgraph break."""
+    from .symbolic import DynamicShapeError
+
+    if policy is None or not policy.symbolic or policy.marked:
+        return False
+    return not isinstance(e, (DynamicShapeError, GraphBreakError)) and not _is_user_error(e)
 
 
 def _defaults_added(fn: Any, entries: list) -> bool:

@@ -1396,9 +1396,9 @@ class Frame:
         if isinstance(value, TensorVar):
             raise Unsupported("formatting a tensor into a string needs its value")
         v = value.as_const()
-        if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-            v = int(v) if isinstance(v, torch.SymInt) else (
-                float(v) if isinstance(v, torch.SymFloat) else bool(v))  # text needs the value
+        if self.tracer.out.symbolic is not None:
+            from .symbolic import concrete  # text needs the values of sizes (guarded)
+            v = concrete(v)
         conv = ins.arg & 0x03
         if conv == 1:
             v = str(v)

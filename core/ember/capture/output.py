@@ -153,7 +153,7 @@ class _SymIntInput:
 class OutputGraph:
     def __init__(self, fn_globals: dict[str, Any], policy: DynamicPolicy | None = None):
         self.graph = torch.fx.Graph()
-        self.policy = policy or DynamicPolicy(mode=False)
+        self.policy = policy or DynamicPolicy()  # static; resume functions: automatic
         #: the symbolic-shape machinery of a dynamic compile (None: static, as before)
         self.symbolic: Any = None
         if self.policy.symbolic:
@@ -453,6 +453,13 @@ class Reconstructor:
                 from .symbolic import is_symbolic
                 if is_symbolic(val):  # a size: recomputed from the inputs in the entry
                     return out.symbolic.expr_source(val)
+                from .symbolic import has_symbolic
+                if has_symbolic(val) and type(val) in (tuple, list, torch.Size):
+                    inner = ", ".join(self.expr(ConstVar(i)) for i in val)
+                    if type(val) is list:
+                        return f"[{inner}]"
+                    tup = f"({inner}{',' if len(val) == 1 else ''})"
+                    return f"___torch.Size({tup})" if type(val) is torch.Size else tup
             if type(val) in _SIMPLE_CONSTS and not (isinstance(val, float) and
                                                         (val != val or val in (float("inf"),
                                                                                float("-inf")))):

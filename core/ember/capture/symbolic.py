@@ -20,8 +20,8 @@ import functools
 import inspect
 import linecache
 import logging
-import math
 import operator
+import sys
 from typing import Any, Callable
 
 import sympy
@@ -268,7 +268,7 @@ class SymbolicShapes:
                         vr.lower, sympy.Integer) else 2
                     self.shape_env.constrain_symbol_range(
                         sym, compiler_min=max(cur_lo, lo if lo is not None else cur_lo),
-                        compiler_max=hi if hi is not None else int(sys_maxsize()))
+                        compiler_max=hi if hi is not None else sys.maxsize - 1)
                 self.marked[sym] = (f"dimension {d} of {source}", lo, hi)
         return fake
 
@@ -462,20 +462,13 @@ def _eval(fn: Any, a: Any, b: Any) -> Any:
         return None
 
 
-def sys_maxsize() -> int:
-    import sys
-    return sys.maxsize - 1
-
-
 def _user_where(frames: list[Any]) -> tuple[str, str]:
-    if not frames:
-        return "<unknown>", ""
+    if not frames:  # after tracing: AOT autograd or the backend, under the same ShapeEnv
+        return "the backend's compile (AOT autograd tracing the graph)", ""
     f = frames[-1]
     line = getattr(f, "lineno", None) or f.code.co_firstlineno
     return f"{f.code.co_filename}:{line}", linecache.getline(f.code.co_filename, line).strip()
 
-
-_ = math  # guards may print math.floor/math.ceil; the entry namespace provides math
 
 
 def has_marks(args: tuple, kwargs: dict) -> bool:
@@ -505,9 +498,22 @@ def concrete(x: Any) -> Any:
         return float(x)
     if isinstance(x, torch.SymBool):
         return bool(x)
-    if isinstance(x, (tuple, list)) and any(is_symbolic(i) for i in x):
-        return type(x)(concrete(i) for i in x) if type(x) in (tuple, list) else x
+    if isinstance(x, (tuple, list)) and has_symbolic(x):
+        items = [concrete(i) for i in x]
+        if type(x) in (tuple, list, torch.Size):
+            return type(x)(items)
+        if hasattr(type(x), "_fields"):  # a namedtuple
+            return type(x)(*items)
     return x
+
+
+def has_symbolic(x: Any) -> bool:
+    """Is ``x`` symbolic, or a tuple/list holding a symbolic value (at any depth)?"""
+    if isinstance(x, _SYM):
+        return True
+    if isinstance(x, (tuple, list)):
+        return any(has_symbolic(i) for i in x)
+    return False
 
 
 def call_on_consts(fn: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
