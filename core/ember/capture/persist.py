@@ -13,7 +13,7 @@ Recipes (found after a capture, by searching the call's arguments and the functi
   parameter or buffer by name, a tensor argument; checked at load: the object's type (module and
   qualified name) and, for tensors, shape, stride, storage offset, dtype, device, requires_grad;
 * functions, classes, builtins, Python modules by importable name, checked to resolve to
-  themselves; a Python function's whole code object (``marshal``) must be equal, and every
+  themselves; a Python function's whole code object (a deterministic text of it) must be equal, and every
   non-torch source file that defines one of them must hash the same (editing the model's file is a
   miss); functions with closures are not persisted;
 * the function's globals; Ember's entry helpers; dtypes, devices and plain constants by value.
@@ -25,7 +25,7 @@ failure is a miss, and the frame is captured as usual. Because the rebound objec
 guards trivially true, everything else the guards check (values of attributes and globals read,
 hooks, grad mode, ...) still runs as generated.
 
-Keyed by the function's code object (``marshal``), the arguments' types and tensor metadata, grad
+Keyed by the function's code object (a deterministic text of it), the arguments' types and tensor metadata, grad
 mode, backend and options, Ember's capture/AOT sources and the torch and Python versions; stored as
 JSON in the text store (``<cache dir>/text/capture/``). Off unless ``ember.config.persist_capture``
 (``EMBER_PERSIST_CAPTURE=1``).
@@ -37,7 +37,6 @@ import builtins
 import hashlib
 import json
 import logging
-import marshal
 import pathlib
 import sys
 import time
@@ -106,6 +105,21 @@ def _needs_file_hash(mod: str) -> str | None:
     return file
 
 
+def _code_text(code: types.CodeType) -> str:
+    """A deterministic text of a code object (``marshal.dumps`` is not: its reference flags
+    depend on reference counts, which differ between processes)."""
+    consts = [_code_text(c) if isinstance(c, types.CodeType) else f"{type(c).__name__}:{c!r}"
+              for c in code.co_consts]
+    return repr((code.co_filename, code.co_name, code.co_qualname, code.co_firstlineno,
+                 code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount,
+                 code.co_flags, code.co_code.hex(), consts, code.co_names, code.co_varnames,
+                 code.co_freevars, code.co_cellvars))
+
+
+def _code_hash(code: types.CodeType) -> str:
+    return hashlib.sha256(_code_text(code).encode()).hexdigest()
+
+
 def _tensor_meta(t: torch.Tensor) -> list[Any]:
     return [f"{type(t).__module__}.{type(t).__qualname__}", list(t.shape), list(t.stride()),
             t.storage_offset(), str(t.dtype), str(t.device), bool(t.requires_grad)]
@@ -131,7 +145,7 @@ def _key(cf: Any, args: tuple, kwargs: dict) -> str:
     fn = cf.fn
     h = hashlib.sha256()
     for part in (_ember_fingerprint(), f"torch={torch.__version__}",
-                 f"python={sys.version}", marshal.dumps(fn.__code__).hex(),
+                 f"python={sys.version}", _code_hash(fn.__code__),
                  f"{cf.backend.name} {_canon(dict(sorted(cf.options.items())))}",
                  f"fullgraph={cf.fullgraph} dynamic={cf.dynamic} root={cf._root_module}",
                  f"grad={torch.is_grad_enabled()}", json.dumps(_args_key(args, kwargs))):
@@ -255,7 +269,7 @@ class _Finder:
         for d in (obj.__defaults__ or ()) + tuple((obj.__kwdefaults__ or {}).values()):
             if not (d is None or type(d) in (bool, int, str, float)):
                 raise _Refuse(f"default of type {type(d).__name__}")
-        return ["fn", hashlib.sha256(marshal.dumps(obj.__code__)).hexdigest(),
+        return ["fn", _code_hash(obj.__code__),
                 repr(obj.__defaults__), repr(obj.__kwdefaults__),
                 [self.fingerprint(c.cell_contents, depth + 1) for c in obj.__closure__ or ()]]
 
@@ -647,7 +661,7 @@ def _load(cf: Any, rec: dict[str, Any], args: tuple, kwargs: dict,
             if r[2] == "cell":
                 ns[name] = owner.__closure__[r[3]]
                 continue
-            if r[2] == "code":  # the owner's code was checked (marshal) when it was resolved
+            if r[2] == "code":  # the owner's code was checked (its hash) when it was resolved
                 code = owner.__code__
                 for i in r[3]:
                     code = code.co_consts[i]
