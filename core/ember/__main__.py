@@ -53,14 +53,33 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(backends=args.backend or None, iters=args.iters)
 
 
+def _core_cache(action: str) -> int:
+    """Without the inductor plugin: the core's own entries (AOT graphs, persisted captures)."""
+    import shutil
+
+    from .aot.cache import cache_dir
+
+    root = cache_dir() / "text"
+    files = {ns: sorted((root / ns).glob("*.json")) for ns in ("aot", "capture")}
+    if action == "clear":
+        for ns in files:
+            shutil.rmtree(root / ns, ignore_errors=True)
+        print(f"removed {sum(len(f) for f in files.values())} file(s) from {cache_dir()}")
+        return 0
+    print(f"cache dir: {cache_dir()} (the inductor plugin is not installed: its kernels and "
+          "wrappers are not listed)")
+    for ns, f in files.items():
+        print(f"  text namespace {ns!r}: {len(f)} entries")
+    return 0
+
+
 def _cmd_cache(args: argparse.Namespace) -> int:
-    # The on-disk cache belongs to the inductor plugin; the core must work without it.
+    # Kernels and wrappers belong to the inductor plugin (whose text store also holds the core's
+    # AOT graphs and persisted captures); the core must work without it.
     try:
         from ember_inductor.runtime import cache
-    except ImportError as e:
-        print(f"the inductor plugin (ember-inductor) is not installed, so there is no Ember "
-              f"cache to {args.action}: pip install ./plugins/inductor ({e})", file=sys.stderr)
-        return 1
+    except ImportError:
+        return _core_cache(args.action)
     if args.action == "clear":
         n = cache.clear()
         print(f"removed {n} file(s) from {cache.cache_dir()}")
@@ -68,7 +87,7 @@ def _cmd_cache(args: argparse.Namespace) -> int:
     st = cache.info()
     print(f"cache dir: {st['dir']}")
     labels = {"so": "compiled libraries", "cpp": "C++ sources", "meta": "library metadata",
-              "text": "text entries (wrappers, tuning choices)", "other": "locks and temporaries"}
+              "text": "text (wrappers, tuning, AOT, captures)", "other": "locks and temporaries"}
     for kind, label in labels.items():
         print(f"  {label:<42} {st['entries'][kind]:>7} files {_human(st['bytes'][kind]):>10}")
     print(f"  {'total':<42} {sum(st['entries'].values()):>7} files "

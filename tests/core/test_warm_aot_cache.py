@@ -285,3 +285,19 @@ def test_a_fresh_process_hits_what_another_stored(py: Any, _cache_dir: Path) -> 
     second = py(_WARM, env=env)
     assert second.returncode == 0, second.stderr
     assert second.stdout.split() == ["1", "0", "True"]
+
+
+def test_cache_cli_without_the_inductor_plugin(py: Any, _cache_dir: Path) -> None:
+    gm, args = _graph(_block), _inputs(False)
+    aot_compile(gm, args, backend=_backend())
+    code = """
+import sys
+sys.modules["ember_inductor.runtime"] = None  # as if the plugin were not installed
+from ember.__main__ import main
+main(["cache", "info"]); main(["cache", "clear"]); main(["cache", "info"])
+"""
+    r = py(code, env={"EMBER_CACHE_DIR": str(_cache_dir)})
+    assert r.returncode == 0, r.stderr
+    assert "'aot': 1 entries" in r.stdout and "removed 1 file(s)" in r.stdout
+    assert "'aot': 0 entries" in r.stdout
+    assert not list((_cache_dir / "text" / "aot").glob("*.json"))
