@@ -10,7 +10,7 @@ source file's hash when it is not torch's or Python's own —, args and kwargs),
 (baked in as constants), every tensor input's metadata (type, shape, stride, storage offset, dtype,
 device, layout, conj/neg bits, whether it is a view, which inputs share a storage, its kind:
 parameter, buffer or user input); the variant (inference, or the ``requires_grad`` pattern); grad
-mode, autocast state, default dtype and deterministic-algorithms flag; the backend's name and
+mode, inference mode, autocast state, default dtype and deterministic-algorithms flag; the backend's name and
 options; its decomposition table (every op, and the hash of each non-torch file defining a
 decomposition). Anything the canonical form cannot express exactly (an unknown callable or constant,
 a symbolic size, a non-CPU device) makes the graph uncacheable: it is traced as before.
@@ -337,7 +337,8 @@ def graph_key(aot: Any, variant: Any, args: Sequence[Any]) -> str:
             put(f"in{i} const {_canon(a)}")
     put(f"variant={variant!r}")
     put(f"state={global_state()!r} default_dtype={torch.get_default_dtype()} "
-        f"deterministic={torch.are_deterministic_algorithms_enabled()}")
+        f"deterministic={torch.are_deterministic_algorithms_enabled()} "
+        f"inference_mode={torch.is_inference_mode_enabled()}")
     put(f"backend={aot.backend.name} options={_canon(dict(sorted(aot.options.items())))}")
     put(_decomp_text(aot._decomps, "\n".join(graph_lines)))
     return h.hexdigest()
