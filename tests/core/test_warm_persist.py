@@ -1,7 +1,7 @@
 """Persisted captures (ember/capture/persist.py, opt-in): a fresh process whose cache holds the
 capture of a model's forward rebuilds it without tracing (no FakeTensorMode, so torch._dynamo is
-never imported), and misses — then captures as usual, with correct results — when the model's code,
-a global it reads, a helper module, or its submodules changed between processes."""
+never imported), and misses (then captures as usual, with correct results) when the model's
+code, a global it reads, a helper module, or its submodules changed between processes."""
 
 from __future__ import annotations
 

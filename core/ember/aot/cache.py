@@ -10,10 +10,11 @@ source file's hash when it is not torch's or Python's own —, args and kwargs),
 (baked in as constants), every tensor input's metadata (type, shape, stride, storage offset, dtype,
 device, layout, conj/neg bits, whether it is a view, which inputs share a storage, its kind:
 parameter, buffer or user input); the variant (inference, or the ``requires_grad`` pattern); grad
-mode, inference mode, autocast state, default dtype and deterministic-algorithms flag; the backend's name and
-options; its decomposition table (every op, and the hash of each non-torch file defining a
-decomposition). Anything the canonical form cannot express exactly (an unknown callable or constant,
-a symbolic size, a non-CPU device) makes the graph uncacheable: it is traced as before.
+mode, inference mode, autocast state, default dtype and deterministic-algorithms flag; the
+backend's name and options; its decomposition table (every op, and the hash of each non-torch file
+defining a decomposition). Anything the canonical form cannot express exactly (an unknown callable
+or constant, a symbolic size, a non-CPU device) makes the graph uncacheable: it is traced as
+before.
 
 **Value**: JSON text (never pickle): the :class:`GraphInfo` (output structure, aliasing, mutated
 inputs), and the functional ATen graphs (inference forward, or forward and backward with the

@@ -2,32 +2,37 @@
 
 Capturing a frame builds FakeTensors, and creating torch's FakeTensorMode imports
 ``torch._dynamo`` (about 1.3 s on a quiet 2-core machine): a fresh process pays that on its first
-call even when every kernel and every AOT result is in the on-disk cache. This module stores what a
-capture produced — the entry function's source (guards, graph call, result), the torch-level graph,
-and a *process-independent recipe* for every object the entry's namespace refers to — and on the
-first call of a later process rebuilds the entry from it without tracing.
+call even when every kernel and every AOT result is in the on-disk cache. This module stores what
+a capture produced (the entry function's source: guards, graph call, result; the torch-level
+graph; a *process-independent recipe* for every object the entry's namespace refers to) and on
+the first call of a later process rebuilds the entry from it without tracing.
 
-Recipes (found after a capture, by searching the call's arguments and the function's module):
+Recipes (found after a capture, by searching the call's arguments and the namespace):
 
-* objects reached from an argument: a submodule by its path (``blocks.0.fc1``), its ``__dict__``, a
-  parameter or buffer by name, a tensor argument; checked at load: the object's type (module and
-  qualified name) and, for tensors, shape, stride, storage offset, dtype, device, requires_grad;
-* functions, classes, builtins, Python modules by importable name, checked to resolve to
-  themselves; a Python function's whole code object (a deterministic text of it) must be equal, and every
-  non-torch source file that defines one of them must hash the same (editing the model's file is a
-  miss); functions with closures are not persisted;
-* the function's globals; Ember's entry helpers; dtypes, devices and plain constants by value.
+* objects reached from an argument: a submodule by its path (``blocks.0.fc1``), its
+  ``__dict__``, a parameter or buffer by name, a tensor argument; checked at load: the object's
+  type (module and qualified name) and, for tensors, shape, stride, storage offset, dtype,
+  device, requires_grad;
+* functions, classes, builtins, Python modules and module globals by importable name, checked to
+  resolve to themselves; a decorated function through its wrapper's closure cells. A function
+  is compared by its code (a deterministic text of bytecode, constants and names, nested code
+  included), its defaults and what its closure holds; every non-torch, non-standard-library
+  source file that defines one of these objects must hash the same (editing the model's file is
+  a miss);
+* functions' ``__defaults__``/``__kwdefaults__`` (plain constants only), closure cells and code
+  objects of those functions; the function's globals; Ember's entry helpers; dtypes, devices and
+  plain constants by value.
 
-Anything else in the namespace (an arbitrary object, a code object, a resume function after a graph
-break, symbolic sizes, a prologue that changes state) means the capture is not persisted. On load
-every recipe is resolved and checked, then the entry's own guards run on the live arguments; any
-failure is a miss, and the frame is captured as usual. Because the rebound objects make identity
-guards trivially true, everything else the guards check (values of attributes and globals read,
-hooks, grad mode, ...) still runs as generated.
+Anything else in the namespace (an arbitrary object, a resume function after a graph break, a
+symbolic size), or an entry with a prologue, means the capture is not persisted. On load every
+recipe is resolved and checked, then the entry's own guards run on the live arguments; any
+failure is a miss, and the frame is captured as usual. Rebinding makes identity guards trivially
+true, so everything else the guards check (values of attributes and globals read, hooks, grad
+mode, ...) still runs as generated.
 
-Keyed by the function's code object (a deterministic text of it), the arguments' types and tensor metadata, grad
-mode, backend and options, Ember's capture/AOT sources and the torch and Python versions; stored as
-JSON in the text store (``<cache dir>/text/capture/``). Off unless ``ember.config.persist_capture``
+Keyed by the function's code, the arguments' types and tensor metadata, grad mode, backend and
+options, Ember's capture/AOT sources and the torch and Python versions; stored as JSON in the
+text store (``<cache dir>/text/capture/``). Off unless ``ember.config.persist_capture``
 (``EMBER_PERSIST_CAPTURE=1``).
 """
 
