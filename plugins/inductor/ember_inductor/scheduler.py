@@ -386,3 +386,92 @@ def merge_loops(g: FusedGroup) -> None:
 
 
 
+
+
+def _extent(layout: Any) -> int | None:
+    """Elements of storage a dense-or-strided layout spans (None when sizes are symbolic)."""
+    try:
+        size = [int(s) for s in layout.size]
+        stride = [int(s) for s in layout.stride]
+        offset = int(getattr(layout, "offset", 0) or 0)
+    except TypeError:
+        return None
+    if any(s == 0 for s in size):
+        return None
+    return offset + 1 + sum((s - 1) * st for s, st in zip(size, stride))
+
+
+def _returns_alias(op: Any) -> bool:
+    schema = getattr(op, "_schema", None)
+    if schema is None:
+        return True
+    return any(r.alias_info is not None for r in schema.returns)
+
+
+def plan_buffer_reuse(steps: Sequence[Any], buffers: dict[str, Any], last: dict[str, int],
+                      keep: set[str]) -> tuple[dict[str, str], set[str]]:
+    """Which buffers a wrapper can take over from dead ones instead of allocating.
+
+    ``steps`` are the schedule's steps, ``last[name]`` the step of each buffer's last use,
+    ``keep`` the names never freed (inputs, outputs, constants). A buffer written by a C++ region
+    may reuse the storage of a buffer that died at an earlier step (a region's buffer, or the
+    result of an ATen call whose schema says it is a fresh tensor) of the same dtype and the same
+    storage extent. A dead buffer is held for reuse only when a later allocation of its kind is
+    still unmatched, so nothing is kept alive that would not be reused.
+
+    Returns ``(reuse, held)``: ``reuse[new] = old`` and the names held instead of freed."""
+    aliased: set[str] = set()
+    for st in steps:
+        if isinstance(st, ExternKernel) and _returns_alias(st.op):
+            aliased |= _reads_of(st)
+            aliased.add(st.name)
+        elif isinstance(st, MultiOutput):
+            aliased.add(st.name)
+
+    def key(name: str) -> Any:
+        b = buffers.get(name)
+        lay = getattr(b, "layout", None)
+        if lay is None or name in aliased or name in keep:
+            return None
+        ext = _extent(lay)
+        return None if ext is None else (lay.dtype, ext)
+
+    allocs: list[tuple[int, str, Any]] = []
+    for i, st in enumerate(steps):
+        if isinstance(st, CppRegion):
+            for n in st.writes:
+                k = key(n)
+                if k is not None:
+                    allocs.append((i, n, k))
+    reusable_origin = set()
+    for st in steps:
+        if isinstance(st, CppRegion):
+            reusable_origin.update(st.writes)
+        elif isinstance(st, ExternKernel) and not st.multi:
+            reusable_origin.add(st.name)
+    deaths: dict[int, list[str]] = {}
+    for n, j in last.items():
+        if n in reusable_origin and key(n) is not None:
+            deaths.setdefault(j, []).append(n)
+    pool: dict[Any, list[str]] = {}
+    reuse: dict[str, str] = {}
+    held: set[str] = set()
+    ai = 0
+    for i in range(len(steps)):
+        # allocations of step i (before its call)
+        while ai < len(allocs) and allocs[ai][0] == i:
+            _, n, k = allocs[ai]
+            ai += 1
+            if pool.get(k):
+                reuse[n] = pool[k].pop(0)
+        # deaths after step i: hold a buffer if a later allocation of its kind is unmatched
+        for n in sorted(deaths.get(i, [])):
+            k = key(n)
+            later = sum(1 for (j, _, kk) in allocs[ai:] if kk == k)
+            if later > len(pool.get(k, [])):
+                pool.setdefault(k, []).append(n)
+                held.add(n)
+    # a held buffer nobody took (cannot happen with the count above, but stay safe): not held
+    taken = set(reuse.values())
+    held &= taken
+    return reuse, held

@@ -12,7 +12,7 @@ import sympy
 import torch
 
 from ..ir import Buffer, ExternKernel, MultiOutput, NoneValue, ReinterpretView
-from ..scheduler import CppRegion, Scheduler, _reads_of
+from ..scheduler import CppRegion, Scheduler, _reads_of, plan_buffer_reuse
 from ..sizes import to_py
 
 __all__ = ["generate_wrapper"]
@@ -133,12 +133,19 @@ class WrapperWriter:
             for n in self._uses(st):
                 last[n] = i
         keep = set(s.output_names) | {b.name for b in g.inputs} | set(g.constants)
+        # dead buffers whose storage a later buffer of the same dtype and extent takes over
+        reuse, held = plan_buffer_reuse(s.steps, self._by_name, last, keep)
         for i, st in enumerate(s.steps):
             if isinstance(st, CppRegion):
                 ptrs = []
                 for n in st.writes:
                     buf = self._buffer(n)
                     lay = buf.layout
+                    old = reuse.get(n)
+                    if old is not None:
+                        body.append(f"    {n} = _view({old}, {_tuple(lay.size)}, "
+                                    f"{_tuple(lay.stride)}, 0); del {old}  # reuse")
+                        continue
                     body.append(f"    {n} = _empty({_tuple(lay.size)}, {_tuple(lay.stride)}, "
                                 f"dtype={_DTYPE_NAMES[lay.dtype]})")
                 for n in st.reads + st.writes:
@@ -160,7 +167,7 @@ class WrapperWriter:
             elif isinstance(st, MultiOutput):
                 idx = "".join(f"[{p}]" for p in st.path)
                 body.append(f"    {st.name} = {st.parent.name}{idx}")
-            dead = [n for n, j in last.items() if j == i and n not in keep]
+            dead = [n for n, j in last.items() if j == i and n not in keep and n not in held]
             if dead:
                 body.append(f"    del {', '.join(sorted(dead))}")
         outs = []
