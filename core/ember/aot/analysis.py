@@ -67,6 +67,10 @@ class GraphInfo:
     geometry: Any = None
     # positions among the graph outputs that are sizes (SymInts the graph returns as ints)
     graph_out_sym: frozenset[int] = frozenset()
+    # (training) (shape, dtype, device) of each forward output (graph outputs, then mutated
+    # inputs' new values), from the grad-mode run: the joint trace's tangents are made from it
+    # (one fake run fewer); shapes may be symbolic
+    fwd_out_meta: Any = dataclasses.field(default=None, compare=False, repr=False)
 
 
 class _MutationMode(TorchDispatchMode):
@@ -247,3 +251,6 @@ def _grad_info(gm: Any, tensors: Sequence[Any], requires_grad: Sequence[bool], i
                                     and bool(flat[k].requires_grad)
                                     for k in info.graph_out_flat]
     info.mutated_requires_grad = [bool(xs[i].requires_grad) for i in info.mutated]
+    outs = [flat[k] for k in info.graph_out_flat] + [xs[i] for i in info.mutated]
+    info.fwd_out_meta = [(tuple(o.shape), o.dtype, o.device) if isinstance(o, torch.Tensor)
+                         else None for o in outs]

@@ -154,10 +154,13 @@ def trace_joint(gm: Any, tensors: Sequence[Any], requires_grad: Sequence[bool], 
     fakes = fakeify(mode, tensors, requires_grad, metas)
     out_rg = list(info.graph_out_requires_grad) + list(info.mutated_requires_grad)
     with mode:
-        fwd_fakes = _fake_outputs(gm, fakes, info)
+        meta = info.fwd_out_meta
+        if meta is None:
+            meta = [(o.shape, o.dtype, o.device) if isinstance(o, torch.Tensor) else None
+                    for o in _fake_outputs(gm, fakes, info)]
         # tangents are contiguous, with the outputs' (symbolic) sizes
-        tangents = [torch.empty(o.shape, dtype=o.dtype, device=o.device)
-                    for o, rg in zip(fwd_fakes, out_rg) if rg]
+        tangents = [torch.empty(m[0], dtype=m[1], device=m[2])
+                    for m, rg in zip(meta, out_rg) if rg]
     n_primals = len(fakes)
     table = {**base_decompositions(), **decomps}
     rg_idx = [i for i, r in enumerate(requires_grad) if r]
