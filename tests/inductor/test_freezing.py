@@ -134,3 +134,17 @@ def test_freezing_off():
     eager, _, compiled = _pair(options={"freezing": False})
     _check(eager, compiled, torch.randn(2, 3, 10, 10))
     assert freezing.counters["graphs"] == before
+
+
+def test_buffers_updated_by_the_graph_refold():
+    # train-mode BatchNorm under no_grad: an inference graph that writes the running statistics
+    # back into its (frozen) buffers after every call; each call must see the new values
+    eager = _model().train()
+    cmodel = copy.deepcopy(eager)
+    compiled = ember.compile(cmodel, backend="inductor")
+    x = torch.randn(2, 3, 10, 10)
+    with torch.no_grad():
+        for i in range(3):
+            torch.testing.assert_close(compiled(x + i), eager(x + i), rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(cmodel.bn.running_mean, eager.bn.running_mean)
+            torch.testing.assert_close(cmodel.bn2.running_var, eager.bn2.running_var)
