@@ -33,6 +33,35 @@ for _mode in ("eval", "train"):
         "is skipped and its layers compiled, but Ember ends with 23 graphs where torch.compile "
         "has 21 (its decorator wrappers recompile per layer)")
 
+
+
+def _opaque_grouped_mm_backward() -> bool:
+    """transformers >= 5.2x registers the backward of its CPU grouped-matmul fallback as an
+    opaque custom op; older ones (5.17, beside torch 2.11 on the GPU machine) run a Python loop
+    over ``offs.tolist()`` inside the backward."""
+    import torch
+
+    try:
+        import transformers.integrations.moe  # noqa: F401
+    except Exception:
+        return True
+    return hasattr(torch.ops.transformers, "grouped_mm_fallback_backward")
+
+
+#: Gaps only with some transformers versions: (name, mode) -> (applies?, why). Documented in the
+#: same docs/capture.md table.
+VERSION_GAPS: dict[tuple[str, str], tuple[bool, str]] = {}
+for _name in ("mixtral", "qwen2_moe", "olmoe"):
+    VERSION_GAPS[(_name, "train")] = (
+        not _opaque_grouped_mm_backward(),
+        "with transformers 5.17, the backward of its CPU grouped-matmul fallback loops over "
+        "offs.tolist(): AOT autograd traces static shapes and has no unbacked symbols for those "
+        "values, so the frame runs eagerly (torch.compile: 1 graph); transformers >= 5.2x makes "
+        "that backward an opaque op and Ember compiles it as one graph")
+for _key, (_applies, _why) in VERSION_GAPS.items():
+    if _applies:
+        KNOWN_GAPS[_key] = _why
+
 ORACLE = harness.load_oracle()
 CASES = [(n, m) for n in models.SPECS for m in ("eval", "train")]
 #: eval runs on the eager backend (capture alone decides graphs, breaks and fallbacks); train
@@ -88,10 +117,11 @@ def test_corpus_size_and_families() -> None:
 def test_known_gaps_are_documented() -> None:
     doc = (Path(__file__).resolve().parents[2] / "docs" / "capture.md").read_text()
     rows = set(re.findall(r"^\| `([\w-]+)` \| (eval|train) \|", doc, re.M))
-    assert rows == set(KNOWN_GAPS), (
+    documented = set(KNOWN_GAPS) | set(VERSION_GAPS)
+    assert rows == documented, (
         "docs/capture.md's table of Hugging Face corpus gaps and KNOWN_GAPS differ: "
-        f"only in docs {sorted(rows - set(KNOWN_GAPS))}, "
-        f"only in tests {sorted(set(KNOWN_GAPS) - rows)}")
+        f"only in docs {sorted(rows - documented)}, "
+        f"only in tests {sorted(documented - rows)}")
 
 
 def test_oracle_covers_the_corpus() -> None:
