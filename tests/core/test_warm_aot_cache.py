@@ -301,3 +301,13 @@ main(["cache", "info"]); main(["cache", "clear"]); main(["cache", "info"])
     assert "'aot': 1 entries" in r.stdout and "removed 1 file(s)" in r.stdout
     assert "'aot': 0 entries" in r.stdout
     assert not list((_cache_dir / "text" / "aot").glob("*.json"))
+
+
+def test_rebuilt_tensor_meta_is_shape_props() -> None:
+    from torch.fx.passes.shape_prop import _extract_tensor_metadata
+
+    for t in [torch.empty(2, 3), torch.empty(2, 3).t(), torch.empty(4, 1)[::2], torch.empty(()),
+              torch.empty(2, 3, 4, 5).to(memory_format=torch.channels_last),
+              torch.empty(2, 3, 4, 5, 6).to(memory_format=torch.channels_last_3d),
+              torch.empty(0, 3, dtype=torch.int64)]:
+        assert cache._tensor_metadata(t) == _extract_tensor_metadata(t)

@@ -492,11 +492,24 @@ def dumps_graph(gm: fx.GraphModule) -> dict[str, Any]:
     return {"nodes": nodes}
 
 
+def _tensor_metadata(t: torch.Tensor) -> Any:
+    """What ``shape_prop._extract_tensor_metadata`` gives for a plain (unquantized) tensor,
+    computed without it: its contiguity check goes through ``torch._check``, whose first use
+    imports ``torch.fx.experimental.symbolic_shapes`` (0.15-0.5 s on a warm start)."""
+    from torch.fx.passes.shape_prop import TensorMetadata
+
+    memory_format = None
+    for mf in (torch.contiguous_format, torch.channels_last, torch.channels_last_3d):
+        if t.dim() == {torch.channels_last: 4, torch.channels_last_3d: 5}.get(mf, t.dim()) \
+                and t.is_contiguous(memory_format=mf):
+            memory_format = mf
+            break
+    return TensorMetadata(t.shape, t.dtype, t.requires_grad, t.stride(), memory_format, False, {})
+
+
 def loads_graph(data: dict[str, Any]) -> fx.GraphModule:
     """The graph :func:`dumps_graph` wrote, with ``meta["val"]`` (and ``tensor_meta`` where the
     original had it) on every node."""
-    from torch.fx.passes.shape_prop import _extract_tensor_metadata
-
     g = fx.Graph()
     env: dict[str, fx.Node] = {}
     for rec in data["nodes"]:
@@ -514,7 +527,7 @@ def loads_graph(data: dict[str, Any]) -> fx.GraphModule:
         if "val" in rec:
             n.meta["val"] = _dec_val(rec["val"])
             if rec.get("tm") and isinstance(n.meta["val"], torch.Tensor):
-                n.meta["tensor_meta"] = _extract_tensor_metadata(n.meta["val"])
+                n.meta["tensor_meta"] = _tensor_metadata(n.meta["val"])
         if "st" in rec:
             n.meta["stack_trace"] = rec["st"]
         env[n.name] = n
