@@ -311,3 +311,15 @@ def test_rebuilt_tensor_meta_is_shape_props() -> None:
               torch.empty(2, 3, 4, 5, 6).to(memory_format=torch.channels_last_3d),
               torch.empty(0, 3, dtype=torch.int64)]:
         assert cache._tensor_metadata(t) == _extract_tensor_metadata(t)
+
+
+def test_graph_info_fields_this_format_does_not_know_are_uncacheable() -> None:
+    from torch.utils import _pytree as pytree
+
+    from ember.aot.analysis import GraphInfo
+
+    info = GraphInfo(pytree.tree_flatten((1,))[1], [], [], [])
+    cache._dumps_info(info)  # every field at its default: fine
+    info.geometry = lambda inputs: {}  # dynamic shapes' per-call geometry
+    with pytest.raises(cache.Uncacheable):
+        cache._dumps_info(info)

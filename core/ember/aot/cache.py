@@ -551,7 +551,19 @@ def _same_graph(a: fx.GraphModule, b: fx.GraphModule) -> bool:
 # GraphInfo <-> JSON
 
 
+_INFO_FIELDS = {"out_spec", "outputs", "graph_out_flat", "mutated", "graph_out_requires_grad",
+                "mutated_requires_grad", "meta_mutated"}
+
+
 def _dumps_info(info: GraphInfo) -> dict[str, Any]:
+    for f in dataclasses.fields(info):
+        # a field this format does not know (added to GraphInfo later) must hold its default,
+        # else the rebuilt GraphInfo would differ: not cached
+        if f.name not in _INFO_FIELDS and f.compare:
+            default = (f.default_factory() if f.default_factory is not dataclasses.MISSING
+                       else f.default)
+            if getattr(info, f.name) != default:
+                raise Uncacheable(f"GraphInfo.{f.name} is set")
     outs = []
     for o in info.outputs:
         if o.kind == "const" and not isinstance(o.value, (bool, int, float, str, type(None))):
