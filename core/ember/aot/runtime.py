@@ -20,6 +20,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ..exc import BackendCompilerFailed, EmberError
+from .._views import input_alias, output_alias, view_of  # noqa: F401  (view_of: re-exported)
 from .analysis import GraphInfo
 
 __all__ = ["ForwardOnly", "Training", "DoubleBackwardError"]
@@ -43,12 +44,7 @@ def _regenerate(info: GraphInfo, inputs: Sequence[Any], graph_outs: Sequence[Any
                 continue
             size, stride, offset, base_offset = (geo[k] if geo is not None else
                                                  (o.size, o.stride, o.offset, o.base_offset))
-            now = base.storage_offset()
-            if now != base_offset:  # the same view of an input that starts elsewhere
-                itemsize = _itemsize(o.dtype or base.dtype)
-                offset = (offset * itemsize + (now - base_offset) * base.element_size()
-                          ) // itemsize
-            flat.append(view_of(base, size, stride, offset, o.dtype))
+            flat.append(input_alias(base, size, stride, offset, base_offset, o.dtype))
         elif o.kind == "output_alias":
             base = flat[o.index]
             if o.same:
@@ -56,9 +52,7 @@ def _regenerate(info: GraphInfo, inputs: Sequence[Any], graph_outs: Sequence[Any
             else:
                 size, stride, offset, _ = geo[k] if geo is not None else (o.size, o.stride,
                                                                             o.offset, 0)
-                nbytes = base.storage_offset() * base.element_size() + offset
-                itemsize = _itemsize(o.dtype or base.dtype)
-                flat.append(view_of(base, size, stride, nbytes // itemsize, o.dtype))
+                flat.append(output_alias(base, size, stride, offset, o.dtype))
         else:
             flat.append(o.value)
     return pytree.tree_unflatten(flat, info.out_spec)
@@ -80,30 +74,6 @@ def check_outputs(outs: Any, n: int, backend: str, graph: str, none_ok: bool = F
         raise BackendCompilerFailed(
             f"backend {backend!r}: the callable it compiled for the {graph} graph returned {what}; "
             f"expected a tuple or list of {n} tensors (what the graph returns)")
-
-
-def _itemsize(dtype: torch.dtype) -> int:
-    return dtype.itemsize
-
-
-def view_of(base: torch.Tensor, size: Sequence[int], stride: Sequence[int], offset: int,
-            dtype: torch.dtype | None) -> torch.Tensor:
-    """A view of ``base``'s storage with the given geometry (in elements of ``dtype``) and dtype,
-    differentiable where eager's view is (complex <-> real reinterpretations, as ``view_as_real``,
-    ``.real``, ``.imag`` and ``view_as_complex`` are); other dtype views are not differentiable in
-    eager either, and are made directly on the storage."""
-    if dtype is None or dtype == base.dtype:
-        return base.as_strided(size, stride, offset)
-    if base.is_complex() and dtype == base.real.dtype:
-        return torch.view_as_real(base).as_strided(size, stride, offset)
-    if dtype.is_complex and base.dtype == torch.empty(0, dtype=dtype).real.dtype:
-        flat = base.as_strided(tuple(size) + (2,), tuple(2 * s for s in stride) + (1,),
-                               2 * offset)
-        return torch.view_as_complex(flat)
-    with torch.no_grad():
-        out = torch.empty(0, dtype=dtype, device=base.device)
-        out.set_(base.untyped_storage(), offset, tuple(size), tuple(stride))
-    return out
 
 
 def _copy_back(info: GraphInfo, inputs: Sequence[torch.Tensor],

@@ -593,12 +593,13 @@ def _outputs_expr(info: Any, n: int) -> list[str]:
             exprs.append(f"outs[{o.index}]")
         elif o.kind == "input_alias":
             exprs.append(f"inputs[{o.index}]" if o.same else
-                         f"inputs[{o.index}].as_strided({o.size!r}, {o.stride!r}, {o.offset})")
+                         f"_rt.input_alias(inputs[{o.index}], {o.size!r}, {o.stride!r}, "
+                         f"{o.offset}, {getattr(o, 'base_offset', 0)}, {_const(o.dtype)})")
         elif o.kind == "output_alias":
             b = exprs[o.index]
             exprs.append(b if o.same else
-                         f"{b}.as_strided({o.size!r}, {o.stride!r}, "
-                         f"{b}.storage_offset() + {o.offset})")
+                         f"_rt.output_alias({b}, {o.size!r}, {o.stride!r}, {o.offset}, "
+                         f"{_const(o.dtype)})")
         else:
             exprs.append(_const(o.value))
     return exprs

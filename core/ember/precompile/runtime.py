@@ -12,6 +12,7 @@ from typing import Any, Sequence
 
 import torch
 
+from .._views import input_alias, output_alias  # noqa: F401  (generated sources use them)
 from ..exc import EmberError
 
 __all__ = ["InputMismatchError", "check_state", "check_tensor", "check_value", "check_module",
