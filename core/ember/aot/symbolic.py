@@ -15,8 +15,19 @@ import dataclasses
 import logging
 from typing import Any, Sequence
 
-import sympy
 import torch
+
+
+class _LazySympy:
+    """sympy, imported on first use: a warm start of a static graph never needs it (0.4 s)."""
+
+    def __getattr__(self, name: str) -> Any:
+        import sympy as real
+
+        return getattr(real, name)
+
+
+sympy = _LazySympy()
 
 __all__ = ["SymbolBinder", "ShapeEnvWatch", "is_sym", "hint", "expr_of", "to_hint"]
 

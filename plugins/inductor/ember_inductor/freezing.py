@@ -219,7 +219,14 @@ def _propagate_meta(gm: torch.fx.GraphModule) -> None:
             mode = v.fake_mode
             break
     if mode is None:
-        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        # Graphs rebuilt from the AOT cache carry real (uninitialized) tensors, not FakeTensors:
+        # compute on real zeros, so that a warm start never creates a FakeTensorMode (whose
+        # first use imports torch._dynamo, about 1.3 s).
+        try:
+            _propagate_on_meta(gm)
+            return
+        except Exception:
+            mode = FakeTensorMode(allow_non_fake_inputs=True)
     for n in gm.graph.nodes:
         if n.op != "call_function" or "val" in n.meta:
             continue
@@ -236,6 +243,39 @@ def _propagate_meta(gm: torch.fx.GraphModule) -> None:
         kwargs = torch.fx.node.map_aggregate(n.kwargs, val)
         with mode:
             n.meta["val"] = n.target(*args, **kwargs)
+
+
+def _propagate_on_meta(gm: torch.fx.GraphModule) -> None:
+    """``_propagate_meta`` for graphs whose values are real tensors: each new node's value is an
+    uninitialized tensor of the geometry the op gives on zero-filled inputs of the same geometry
+    (the nodes a rewrite adds compute on parameters: small)."""
+    todo: dict[torch.fx.Node, Any] = {}
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or "val" in n.meta:
+            continue
+        device = [None]
+
+        def val(a: Any) -> Any:
+            if isinstance(a, torch.fx.Node):
+                v = todo.get(a, a.meta.get("val"))
+                if isinstance(v, torch.Tensor):
+                    device[0] = device[0] or v.device
+                    # real zeros, not the meta device: meta kernels of some ops are Python
+                    # references that import torch._dynamo; these are parameter-sized tensors
+                    return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype,
+                                               device=v.device).zero_()
+                return v
+            return a
+
+        args = torch.fx.node.map_aggregate(n.args, val)
+        kwargs = torch.fx.node.map_aggregate(n.kwargs, val)
+        out = n.target(*args, **kwargs)
+        dev = device[0] or torch.device("cpu")
+        todo[n] = torch.utils._pytree.tree_map(
+            lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=dev)
+            if isinstance(t, torch.Tensor) else t, out)
+    for n, v in todo.items():  # all or nothing: a failure above leaves the graph untouched
+        n.meta["val"] = v
 
 
 # -- constant subgraph -----------------------------------------------------------------------
