@@ -148,3 +148,29 @@ def test_buffers_updated_by_the_graph_refold():
             torch.testing.assert_close(compiled(x + i), eager(x + i), rtol=1e-4, atol=1e-5)
             torch.testing.assert_close(cmodel.bn.running_mean, eager.bn.running_mean)
             torch.testing.assert_close(cmodel.bn2.running_var, eager.bn2.running_var)
+
+
+def test_folding_a_graph_rebuilt_from_the_aot_cache():
+    """A warm start rebuilds the ATen graph from the AOT cache with real (uninitialized) tensors
+    as values, not FakeTensors: the folded convolutions get their values without FakeTensorMode
+    (whose first use imports torch._dynamo), and the results are the same."""
+    x = torch.randn(2, 3, 10, 10)
+    eager, _, compiled = _pair()
+    _check(eager, compiled, x)  # fills the AOT cache
+    ember.reset()
+    before = dict(freezing.counters)
+    created = []
+    orig = freezing._propagate_on_meta
+
+    def spy(gm):
+        created.append(gm)
+        return orig(gm)
+
+    freezing._propagate_on_meta = spy
+    try:
+        eager, _, compiled = _pair()
+        _check(eager, compiled, x)
+    finally:
+        freezing._propagate_on_meta = orig
+    assert created, "the rebuilt graph was expected to go through the real-tensor path"
+    assert freezing.counters["conv_bn"] == before.get("conv_bn", 0) + 2
