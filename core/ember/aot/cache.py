@@ -20,7 +20,7 @@ before.
 inputs), and the functional ATen graphs (inference forward, or forward and backward with the
 partition's metadata), node by node with each node's tensor metadata. Rebuilt graphs carry real,
 uninitialized CPU tensors of the traced sizes/strides/dtypes as ``meta["val"]`` (no FakeTensorMode:
-creating one imports ``torch._dynamo``, ~1.3 s). Before an entry is written it is rebuilt and
+its first use loads a large part of torch, ~1.3 s). Before an entry is written it is rebuilt and
 compared with the traced graphs (generated code and every node's metadata); an entry that would not
 round-trip exactly is not written.
 
@@ -50,6 +50,7 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
+from .._fxjson import decode_arg, encode_arg
 from .analysis import GraphInfo, OutputInfo
 
 __all__ = ["enabled", "cache_dir", "get_text", "put_text", "lookup", "store", "dumps_graph",
@@ -289,7 +290,7 @@ def _tensor_text(t: torch.Tensor, storages: dict[int, int], i: int) -> str:
 def _decomp_text(table: dict[Any, Any], graph_text: str) -> str:
     """The decomposition table's entries that can matter. Entries for operator namespaces other
     than aten/prims count only when the graph names that namespace: the table grows with what the
-    process imported (``torch._dynamo`` pulls in ``c10d_functional``'s), which must not make a
+    process imported (some torch modules register ``c10d_functional``'s), which must not make a
     fresh process that never imported it miss."""
     parts = []
     files = set()
@@ -349,55 +350,12 @@ def graph_key(aot: Any, variant: Any, args: Sequence[Any]) -> str:
 # graphs <-> JSON
 
 
+
 def _enc(x: Any) -> Any:
-    if isinstance(x, fx.Node):
-        return {"n": x.name}
-    if isinstance(x, bool) or x is None or isinstance(x, str):
-        return x
-    if isinstance(x, int):
-        return x
-    if isinstance(x, float):
-        return {"f": x.hex()}
-    if isinstance(x, torch.dtype):
-        return {"dtype": str(x).removeprefix("torch.")}
-    if isinstance(x, torch.device):
-        return {"device": str(x)}
-    if isinstance(x, torch.layout):
-        return {"layout": str(x).removeprefix("torch.")}
-    if isinstance(x, torch.memory_format):
-        return {"mf": str(x).removeprefix("torch.")}
-    if isinstance(x, tuple):
-        return {"t": [_enc(v) for v in x]}
-    if isinstance(x, list):
-        return [_enc(v) for v in x]
-    if isinstance(x, dict) and all(isinstance(k, str) for k in x):
-        return {"d": {k: _enc(v) for k, v in x.items()}}
-    raise Uncacheable(f"argument of type {type(x).__name__} in an ATen graph")
+    return encode_arg(x, Uncacheable)
 
 
-def _dec(x: Any, env: dict[str, fx.Node]) -> Any:
-    if isinstance(x, list):
-        return [_dec(v, env) for v in x]
-    if not isinstance(x, dict):
-        return x
-    (tag, v), = x.items()
-    if tag == "n":
-        return env[v]
-    if tag == "f":
-        return float.fromhex(v)
-    if tag == "t":
-        return tuple(_dec(e, env) for e in v)
-    if tag == "d":
-        return {k: _dec(e, env) for k, e in v.items()}
-    if tag in ("dtype", "layout", "mf"):
-        obj = getattr(torch, v)
-        want = {"dtype": torch.dtype, "layout": torch.layout, "mf": torch.memory_format}[tag]
-        if not isinstance(obj, want):
-            raise ValueError(f"not a torch {tag}: {v}")
-        return obj
-    if tag == "device":
-        return torch.device(v)
-    raise ValueError(f"unknown tag {tag!r}")
+_dec = decode_arg
 
 
 def _enc_val(v: Any) -> Any:

@@ -1,7 +1,7 @@
 """Persisted captures: a warm start's first call without tracing (opt-in).
 
-Capturing a frame builds FakeTensors, and creating torch's FakeTensorMode imports
-``torch._dynamo`` (about 1.3 s on a quiet 2-core machine): a fresh process pays that on its first
+Capturing a frame builds FakeTensors, and torch's FakeTensorMode loads a large part of torch on
+first use (about 1.3 s on a quiet 2-core machine): a fresh process pays that on its first
 call even when every kernel and every AOT result is in the on-disk cache. This module stores what
 a capture produced (the entry function's source: guards, graph call, result; the torch-level
 graph; a *process-independent recipe* for every object the entry's namespace refers to) and on
@@ -50,6 +50,8 @@ from typing import Any, Callable
 
 import torch
 import torch.fx as fx
+
+from .._fxjson import decode_arg, encode_arg
 
 __all__ = ["enabled", "save", "load", "counters"]
 
@@ -439,61 +441,14 @@ def _resolve(recipe: list[Any], fn: Any, roots: dict[str, Any], files: dict[str,
 # the torch-level graph <-> JSON
 
 
+
+
+
 def _enc(x: Any) -> Any:
-    if isinstance(x, fx.Node):
-        return {"n": x.name}
-    if x is None or isinstance(x, (bool, str)) or type(x) is int:
-        return x
-    if type(x) is float:
-        return {"f": x.hex()}
-    if isinstance(x, torch.dtype):
-        return {"dtype": str(x).removeprefix("torch.")}
-    if isinstance(x, torch.device):
-        return {"device": str(x)}
-    if isinstance(x, torch.memory_format):
-        return {"mf": str(x).removeprefix("torch.")}
-    if isinstance(x, torch.layout):
-        return {"layout": str(x).removeprefix("torch.")}
-    if isinstance(x, torch.Size):
-        return {"size": [_enc(v) for v in x]}
-    if type(x) is tuple:
-        return {"t": [_enc(v) for v in x]}
-    if type(x) is list:
-        return [_enc(v) for v in x]
-    if type(x) is dict and all(isinstance(k, str) for k in x):
-        return {"d": {k: _enc(v) for k, v in x.items()}}
-    if type(x) is slice:
-        return {"slice": [_enc(x.start), _enc(x.stop), _enc(x.step)]}
-    if x is Ellipsis:
-        return {"ellipsis": 0}
-    raise _Refuse(f"graph argument of type {type(x).__name__}")
+    return encode_arg(x, _Refuse)
 
 
-def _dec(x: Any, env: dict[str, fx.Node]) -> Any:
-    if isinstance(x, list):
-        return [_dec(v, env) for v in x]
-    if not isinstance(x, dict):
-        return x
-    (tag, v), = x.items()
-    if tag == "n":
-        return env[v]
-    if tag == "f":
-        return float.fromhex(v)
-    if tag == "t":
-        return tuple(_dec(e, env) for e in v)
-    if tag == "d":
-        return {k: _dec(e, env) for k, e in v.items()}
-    if tag == "size":
-        return torch.Size(_dec(e, env) for e in v)
-    if tag == "slice":
-        return slice(*(_dec(e, env) for e in v))
-    if tag == "ellipsis":
-        return Ellipsis
-    if tag in ("dtype", "mf", "layout"):
-        return getattr(torch, v)
-    if tag == "device":
-        return torch.device(v)
-    raise ValueError(f"unknown tag {tag}")
+_dec = decode_arg
 
 
 def _target(t: Any) -> list[Any]:
