@@ -138,7 +138,7 @@ def _convert_frame(fn: Callable[..., Any], args: tuple, kwargs: dict, *, backend
         first = e
     if _inside_loop(fn.__code__, bp[0]):
         skip = Unsupported(f"graph break inside a loop ({first.reason}); the frame runs "
-                           "eagerly, as torch.compile does", where=first.where)
+                           "eagerly, with the modules it calls compiled", where=first.where)
         skip.skip_frame = True  # type: ignore[attr-defined]  (frame.py: nested compile)
         raise skip from first
     try:

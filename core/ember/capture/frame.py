@@ -130,7 +130,7 @@ class CodeCache:
         self.misses = 0
         self.given_up: str | None = None
         #: given up because of a graph break inside a loop: the frame runs eagerly with the
-        #: modules it calls compiled (capture/nested.py), as torch.compile skips such frames
+        #: modules it calls compiled (capture/nested.py)
         self.skipped = False
         #: held while compiling: threads missing at once compile once
         self.lock = threading.RLock()
@@ -359,10 +359,10 @@ class CompiledFunction:
 
     def _fallback(self, e: BaseException, internal: bool = False) -> None:
         if getattr(e, "skip_frame", False):
-            # torch.compile skips such a frame too, and compiles what it calls: so does Ember
+            # the frame is skipped, and what it calls is compiled (capture/nested.py)
             events.counters["stats"]["skipped_frames"] += 1
-            skip_log.info("ember: %s runs as Python, with the modules it calls compiled (as "
-                          "torch.compile skips it): %s", _user_location(self.fn), e)
+            skip_log.info("ember: %s runs as Python (skipped), with the modules it calls "
+                          "compiled: %s", _user_location(self.fn), e)
             events.emit("skip", function=_user_location(self.fn), reason=str(e))
             self.cache.given_up = str(e)
             self.cache.skipped = True

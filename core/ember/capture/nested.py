@@ -1,15 +1,16 @@
-"""Frames that run eagerly while the modules they call are compiled, as torch.compile does.
+"""Frames that run eagerly while the modules they call are compiled.
 
-torch.compile cannot resume after a graph break inside a loop, so it *skips* such a frame: the
-frame runs eagerly, and every frame it calls is compiled on its own (CPython's frame-evaluation
-hook sees them). A Hugging Face decoder whose layer loop branches on a tensor (LayerDrop:
+A graph break inside a loop cannot be resumed, so such a frame is *skipped*: it runs eagerly.
+A compiler with a frame-evaluation hook still compiles every frame the skipped one calls, each on
+its own, and users expect that. A Hugging Face decoder whose layer loop branches on a tensor (LayerDrop:
 ``if torch.rand([]) < self.layerdrop: continue``) therefore still runs its layers compiled.
 
 Ember has no frame-evaluation hook. It gets the same effect for the calls that matter, calls of
 ``nn.Module`` instances: while a skipped frame runs, :func:`scope` routes ``module(...)`` calls
 made *by eager code in this thread* to a compiled version of that module (one per module and
-backend, compiled like ``ember.compile(module)``). Plain function calls run eagerly (torch.compile
-would compile those too; Ember then has fewer graphs, never different results).
+backend, compiled like ``ember.compile(module)``). Plain function calls run eagerly (a
+frame-evaluation hook would compile those too; Ember then has fewer graphs, never different
+results).
 
 The routing is a ``__call__`` set on each module class reachable from the skipped frame's module
 for as long as any thread is inside a scope (counted per class, restored by the last one out).
@@ -103,8 +104,9 @@ def _classes(root: Any) -> set[type]:
 
 
 def _routable(cls: type) -> bool:
-    """torch.compile does not compile frames of torch's own modules (``nn.Linear.forward``) on
-    their own, only user code; a class with its own ``__call__`` is left alone too."""
+    """Frames of torch's own modules (``nn.Linear.forward``) are not compiled on their own, only
+    user code (the same rule as for skipped files); a class with its own ``__call__`` is left
+    alone too."""
     if (cls.__module__ or "").split(".", 1)[0] == "torch":
         return False
     call = cls.__call__

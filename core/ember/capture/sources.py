@@ -9,7 +9,7 @@ Every source is a :class:`torch._guards.Source`, so torch's ``ShapeEnv`` accepts
 sizes are named after the source they were read from: ``x.size()[0]``). torch 2.13 reads
 ``source.name`` (a property); older releases call ``source.name()``: :class:`Source` provides
 whichever the installed torch's base class uses, and :func:`source_name` reads it either way.
-Nothing here imports ``torch._dynamo``.
+Only ``torch._guards`` is used from torch's internals.
 
 The printed forms are exactly the strings capture wrote before sources were structured (golden
 snapshots of guards and entries depend on them), parentheses included: an element of a

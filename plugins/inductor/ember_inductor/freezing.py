@@ -221,7 +221,7 @@ def _propagate_meta(gm: torch.fx.GraphModule) -> None:
     if mode is None:
         # Graphs rebuilt from the AOT cache carry real (uninitialized) tensors, not FakeTensors:
         # compute on real zeros, so that a warm start never creates a FakeTensorMode (whose
-        # first use imports torch._dynamo, about 1.3 s).
+        # first use loads a large part of torch, about 1.3 s).
         try:
             _propagate_on_meta(gm)
             return
@@ -261,7 +261,7 @@ def _propagate_on_meta(gm: torch.fx.GraphModule) -> None:
                 if isinstance(v, torch.Tensor):
                     device[0] = device[0] or v.device
                     # real zeros, not the meta device: meta kernels of some ops are Python
-                    # references that import torch._dynamo; these are parameter-sized tensors
+                    # references that load torch's tracing stack; these are parameter-sized tensors
                     return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype,
                                                device=v.device).zero_()
                 return v
