@@ -30,6 +30,9 @@ CASES: dict[str, tuple[Callable[..., Any], Callable[[], tuple[torch.Tensor, ...]
     "linear_relu_layernorm": (
         lambda x, w, b: (torch.nn.functional.layer_norm(torch.relu(x @ w.t() + b), (24,)),),
         lambda: (torch.randn(8, 16), torch.randn(24, 16), torch.randn(24))),
+    # an index from a tensor: the kernel returns a status, the wrapper raises on a bad index
+    "embedding_scale": (lambda w, i: (torch.nn.functional.embedding(i, w) * 0.5,),
+                        lambda: (torch.randn(12, 8), torch.tensor([[0, 3], [11, 5]]))),
 }
 
 

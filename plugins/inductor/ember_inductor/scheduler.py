@@ -42,7 +42,7 @@ class _RecordHandler:
         self.loads.append(("", expr))
         return None
 
-    def indirect_indexing(self, value: Any, size: Any) -> Any:
+    def indirect_indexing(self, value: Any, size: Any, wrap_negative: bool = True) -> Any:
         self._n += 1
         return sym(f"_ind{self._n}")
 

@@ -235,6 +235,12 @@ _COMPARE = {"eq": "{0} == {1}", "ne": "{0} != {1}", "lt": "{0} < {1}", "le": "{0
             "logical_or": "({0} != 0) || ({1} != 0)", "logical_xor": "({0} != 0) != ({1} != 0)"}
 
 
+#: status codes a kernel returns (0: fine); the wrapper turns them into eager's exceptions
+ERR_INDEX = 1
+ERR_ZERO_DIV = 2
+_INT_DIVISIONS = {"floordiv", "truncdiv", "remainder", "fmod"}
+_LITERAL = re.compile(r"\(?(\(\w+\))?-?[1-9][0-9]*[LlUu]*\)?")
+
 _GENERIC_BUILTINS = {"isinf", "isfinite", "signbit"}
 _RENAMED = {"abs": "fabs"}
 _STD = re.compile(r"std::(\w+)\(")
@@ -284,9 +290,16 @@ class CppOps:
     def index_expr(self, expr: Any, dtype: torch.dtype) -> CppVar:
         return self._emit(f"({compute_type(dtype)})({to_c(expr)})", dtype)
 
-    def indirect_indexing(self, value: CppVar, size: Any) -> Any:
+    def indirect_indexing(self, value: CppVar, size: Any, wrap_negative: bool = True) -> Any:
+        """``value`` as an index into a dimension of ``size``; negative values count from the end
+        where the op does so in eager (``x[idx]``), elsewhere (embedding, gather) they are out of
+        range."""
         v = self._emit(f"(int64_t){value}", torch.int64)
-        w = self._emit(f"{v} < 0 ? {v} + {to_c(size)} : {v}", torch.int64)
+        w = self._emit(f"{v} < 0 ? {v} + {to_c(size)} : {v}" if wrap_negative else f"{v}",
+                       torch.int64)
+        # an index eager would refuse: flag it (the wrapper raises) and read element 0 meanwhile
+        self.k.check(f"(unsigned long long){w} >= (unsigned long long)({to_c(size)})",
+                     ERR_INDEX, f"{w} = 0;")
         return sym(w.name)
 
     def to_dtype(self, x: CppVar, dtype: torch.dtype) -> CppVar:
@@ -348,6 +361,9 @@ class CppOps:
                 table = _FLOAT_BINARY if dt.is_floating_point else _INT_BINARY
                 if name not in table:
                     raise NotImplementedError(f"C++ codegen: {name} on {dt}")
+                if table is _INT_BINARY and name in _INT_DIVISIONS and not _LITERAL.fullmatch(
+                        fmt[1]):
+                    self.k.check(f"{fmt[1]} == 0", ERR_ZERO_DIV)  # eager raises
                 return self._emit(table[name].format(*fmt, T=T), dt)
             raise NotImplementedError(f"C++ codegen: {name}")
         return op
@@ -379,6 +395,15 @@ class CppKernel:
         self.scopes: list[dict[str, CppVar]] = [{}]
         self.local_values: dict[str, CppVar] = {}
         self._tmp = 0
+        self.checked = False  # some statement can fail as eager would: return a status
+
+    def check(self, cond: str, code: int, then: str = "") -> None:
+        """Flag ``code`` in the kernel's status when ``cond`` holds (rare: an index out of range,
+        an integer division by zero); the wrapper raises eager's exception after the call."""
+        self.checked = True
+        then = f" {then}" if then else ""
+        self.line(f"if (__builtin_expect({cond}, 0)) {{ "
+                  f"__atomic_store_n(&e_status, {code}, __ATOMIC_RELAXED);{then} }}")
 
     # -- emission helpers ----------------------------------------------------------------------
     def line(self, s: str) -> None:
@@ -444,8 +469,14 @@ class CppKernel:
             size_args = [s.name for s in env.hints if s.name in used]
             params.extend(f"int64_t {n}" for n in size_args)
         r.size_args = size_args  # type: ignore[attr-defined]
-        head = f'extern "C" void {r.name}({", ".join(params)})'
-        return head + " {\n" + "\n".join(self.lines) + "\n}\n"
+        r.checked = self.checked  # type: ignore[attr-defined]
+        if self.checked:
+            head = f'extern "C" int {r.name}({", ".join(params)})'
+            body = ["  int e_status = 0;", *self.lines, "  return e_status;"]
+        else:
+            head = f'extern "C" void {r.name}({", ".join(params)})'
+            body = self.lines
+        return head + " {\n" + "\n".join(body) + "\n}\n"
 
     def _column_reduction(self, g: FusedGroup) -> bool:
         """Reductions (one loop block, nothing else in the group) whose outputs are contiguous in

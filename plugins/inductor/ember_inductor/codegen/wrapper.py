@@ -6,6 +6,7 @@ loaded on its own (the body of a precompiled artifact)."""
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import sympy
@@ -101,6 +102,18 @@ class WrapperWriter:
         ]
         consts = [t for t in g.constants]
         head.append(f"CONSTANTS = {consts!r}  # get_attr tensors, bound by the loader")
+        if any(getattr(r, "checked", False) for r in regions):
+            head += [
+                "",
+                "",
+                "def _kernel_failed(status, kernel, ops):",
+                "    # the kernel found what eager refuses (it read element 0 instead)",
+                "    if status == 1:",
+                "        raise IndexError(f\"index out of range in {ops} (Ember kernel {kernel})\")",
+                "    raise RuntimeError(f\"ZeroDivisionError: integer division by zero in {ops} \"",
+                "                       f\"(Ember kernel {kernel})\")",
+                "",
+            ]
         if regions:
             head.append("CPP_SOURCES = [")
             for src in self.cpp:
@@ -111,7 +124,7 @@ class WrapperWriter:
             where = {}
             for i, src in enumerate(self.cpp):
                 for r in regions:
-                    if f'extern "C" void {r.name}(' in src:
+                    if re.search(rf'extern "C" (void|int) {r.name}\(', src):
                         where[r.name] = i
             for r in regions:
                 n = len(r.reads) + len(r.writes)
@@ -119,7 +132,9 @@ class WrapperWriter:
                 head.append(f"{r.name} = _libs[{where[r.name]}].{r.name}")
                 head.append(f"{r.name}.argtypes = [ctypes.c_void_p] * {n}"
                             + (f" + [ctypes.c_int64] * {k}" if k else ""))
-                head.append(f"{r.name}.restype = None")
+                head.append(f"{r.name}.restype = "
+                            + ("ctypes.c_int  # a status: see _kernel_failed"
+                               if getattr(r, "checked", False) else "None"))
         head.append("")
         head.append("")
         arg_names = getattr(g, "arg_names", None) or [b.name for b in g.inputs]
@@ -155,7 +170,16 @@ class WrapperWriter:
                     f"{m.node.name}{list(m.node.layout.size)} <- "
                     f"{'+'.join(dict.fromkeys(getattr(m.node.data, 'origins', [])))[:60]}"
                     for grp in st.groups for m in grp.members if m.node.name not in s.local)
-                body.append(f"    {st.name}({', '.join(ptrs)})  # {desc}")
+                call = f"{st.name}({', '.join(ptrs)})"
+                if getattr(st, "checked", False):
+                    ops = sorted({o for grp in st.groups for m in grp.members
+                                  for o in getattr(m.node.data, "origins", [])})
+                    body.append(f"    status = {call}  # {desc}")
+                    body.append("    if status:")
+                    body.append(f"        _kernel_failed(status, {st.name!r}, "
+                                f"{', '.join(ops)[:120]!r})")
+                else:
+                    body.append(f"    {call}  # {desc}")
             elif isinstance(st, ExternKernel):
                 call = f"{_op_path(st.op)}({', '.join(self.value(a) for a in st.args)}"
                 if st.kwargs:

@@ -33,7 +33,7 @@ def embedding(weight: Any, indices: Any, padding_idx: int = -1, scale_grad_by_fr
     check_dtype(m.dtype)
 
     def inner(idx: Sequence[Any]) -> Any:
-        row = ops.indirect_indexing(il(idx[:k]), nrows)
+        row = ops.indirect_indexing(il(idx[:k]), nrows, False)
         return wl([row] + list(idx[k:]))
     return Pointwise(m.device, m.dtype, size, inner, 2 + indices.op_count())
 
@@ -52,7 +52,7 @@ def index_select(x: Any, dim: int, index: Any) -> Any:
     scalar_index = len(index.get_size()) == 0
 
     def inner(idx: Sequence[Any]) -> Any:
-        i = ops.indirect_indexing(il([] if scalar_index else [idx[d]]), dimsize)
+        i = ops.indirect_indexing(il([] if scalar_index else [idx[d]]), dimsize, False)
         sub = list(idx)
         sub[d] = i
         return xl(sub)
@@ -73,7 +73,7 @@ def gather(x: Any, dim: int, index: Any, sparse_grad: bool = False) -> Any:
 
     def inner(idx: Sequence[Any]) -> Any:
         sub = list(idx)
-        sub[d] = ops.indirect_indexing(il(idx), dimsize)
+        sub[d] = ops.indirect_indexing(il(idx), dimsize, False)
         return xl(sub)
     return Pointwise(m.device, m.dtype, size, inner, 2 + x.op_count())
 
