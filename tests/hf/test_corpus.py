@@ -34,30 +34,11 @@ for _mode in ("eval", "train"):
         "has 21 (its decorator wrappers recompile per layer)")
 
 
-
-def _opaque_grouped_mm_backward() -> bool:
-    """transformers >= 5.2x registers the backward of its CPU grouped-matmul fallback as an
-    opaque custom op; older ones (5.17, beside torch 2.11 on the GPU machine) run a Python loop
-    over ``offs.tolist()`` inside the backward."""
-    import torch
-
-    try:
-        import transformers.integrations.moe  # noqa: F401
-    except Exception:
-        return True
-    return hasattr(torch.ops.transformers, "grouped_mm_fallback_backward")
-
-
 #: Gaps only with some transformers versions: (name, mode) -> (applies?, why). Documented in the
-#: same docs/capture.md table.
+#: same docs/capture.md table. (None now: mixtral, qwen2_moe and olmoe training with transformers
+#: 5.17, whose grouped-matmul fallback has an untraceable Python backward, run that backward as
+#: one opaque op: ember/aot/opaque.py.)
 VERSION_GAPS: dict[tuple[str, str], tuple[bool, str]] = {}
-for _name in ("mixtral", "qwen2_moe", "olmoe"):
-    VERSION_GAPS[(_name, "train")] = (
-        not _opaque_grouped_mm_backward(),
-        "with transformers 5.17, the backward of its CPU grouped-matmul fallback loops over "
-        "offs.tolist(): AOT autograd traces static shapes and has no unbacked symbols for those "
-        "values, so the frame runs eagerly (torch.compile: 1 graph); transformers >= 5.2x makes "
-        "that backward an opaque op and Ember compiles it as one graph")
 for _key, (_applies, _why) in VERSION_GAPS.items():
     if _applies:
         KNOWN_GAPS[_key] = _why

@@ -289,7 +289,8 @@ class AOTCompiled:
             runtime.size_guards = guards
             return runtime
 
-        joint, n_tangents = trace_joint(fn, inputs, rg, info, self._decomps, mode, metas)
+        joint, n_tangents = trace_joint(fn, inputs, rg, info, self._decomps, mode, metas,
+                                        watch.ignored if watch is not None else None)
         _set_global_state(state)
         joint = rename_placeholders(
             joint, names + [f"tangents_{j + 1}" for j in range(n_tangents)])

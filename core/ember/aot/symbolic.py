@@ -201,9 +201,12 @@ class ShapeEnvWatch:
         self.env = shape_env
         self.n_guards = len(shape_env.guards)
         self.symbols = set(shape_env.var_to_range)
+        #: symbols made by traces that were abandoned (an opaque custom-op backward): in no graph
+        self.ignored: set[Any] = set()
 
     def new_symbols(self) -> list[sympy.Symbol]:
-        return [s for s in self.env.var_to_range if s not in self.symbols]
+        return [s for s in self.env.var_to_range
+                if s not in self.symbols and s not in self.ignored]
 
     def new_guards(self) -> list[Any]:
         return list(self.env.guards[self.n_guards:])

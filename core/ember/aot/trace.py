@@ -25,6 +25,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
 
 from .analysis import GraphInfo, fakeify
+from .opaque import fallen_back, opaque_custom_backwards
 
 __all__ = ["base_decompositions", "trace_forward", "trace_joint"]
 
@@ -139,14 +140,16 @@ def trace_forward(gm: Any, tensors: Sequence[Any], info: GraphInfo, decomps: Map
 
 def trace_joint(gm: Any, tensors: Sequence[Any], requires_grad: Sequence[bool], info: GraphInfo,
                 decomps: Mapping[Any, Any], mode: FakeTensorMode | None = None,
-                metas: Sequence[Any] | None = None) -> tuple[torch.fx.GraphModule, int]:
+                metas: Sequence[Any] | None = None,
+                ignore_symbols: set[Any] | None = None) -> tuple[torch.fx.GraphModule, int]:
     """Functional ATen joint graph.
 
     Inputs: the graph inputs (primals), then one tangent per forward output that requires grad.
     Outputs: the forward outputs (user outputs that are not aliases, then mutated inputs' new
     values), then one gradient (or None) per input that requires grad.
     Returns the graph and the number of tangents. ``mode``/``metas``: as for
-    :func:`trace_forward`.
+    :func:`trace_forward`. ``ignore_symbols`` gets the symbols made by backward traces that were
+    abandoned for an opaque custom-op backward (see :mod:`ember.aot.opaque`).
     """
     symbolic = metas is not None
     if mode is None:
@@ -180,8 +183,15 @@ def trace_joint(gm: Any, tensors: Sequence[Any], requires_grad: Sequence[bool], 
         return list(fwd_outs) + list(grads)
 
     all_fakes = list(fakes) + tangents
-    with mode:
+    # a custom op whose Python backward cannot be traced (data-dependent) runs it opaque
+    with mode, opaque_custom_backwards(mode.shape_env) as ignored:
         g1 = _make_fx(joint, table, symbolic)(*all_fakes)
+        if fallen_back():
+            # the abandoned backward traces left ops nothing uses (reads of tensor values)
+            g1.graph.eliminate_dead_code()
+            g1.recompile()
+    if ignore_symbols is not None:
+        ignore_symbols |= ignored
     # Pass 2 replays the recorded ATen ops: no autograd needed, inputs need not require grad.
     plain = [_detach(t) for t in all_fakes]
     with torch.no_grad():
