@@ -75,16 +75,20 @@ def test_zero_gradients_are_tensors(name):
     base = [torch.randn(5) for _ in range(n)]
     xe = [b.clone().requires_grad_(True) for b in base]
     xc = [b.clone().requires_grad_(True) for b in base]
+
+    def grads(f, xs):
+        out = f(*xs)
+        outs = out if isinstance(out, tuple) else (out,)
+        return torch.autograd.grad([o.sum() for o in outs if o.requires_grad], xs,
+                                   allow_unused=True)
+
     try:
-        e = fn(*xe)
+        ge = grads(fn, xe)
     except NotImplementedError as err:  # this torch has no derivative for it (2.11: nextafter)
         with pytest.raises(Exception, match=re.escape(str(err).splitlines()[0][:60])):
-            _compile(fn)(*xc)
+            grads(_compile(fn), xc)
         return
-    c = _compile(fn)(*xc)
-    es, cs = (e, c) if isinstance(e, tuple) else ((e,), (c,))
-    ge = torch.autograd.grad([o.sum() for o in es if o.requires_grad], xe, allow_unused=True)
-    gc = torch.autograd.grad([o.sum() for o in cs if o.requires_grad], xc, allow_unused=True)
+    gc = grads(_compile(fn), xc)
     for a, b in zip(gc, ge):
         assert (a is None) == (b is None)
         if b is not None:
@@ -125,8 +129,10 @@ def test_det_of_empty_matrix_gradient():
     xc = torch.randn(0, 0, requires_grad=True)
     fn(xe).backward()
     _compile(fn)(xc).backward()
-    assert xc.grad is not None and xe.grad is not None
-    torch.testing.assert_close(xc.grad, xe.grad)
+    # eager's answer differs between versions (2.13: a 0x0 zero gradient; 2.11: None): match it
+    assert (xc.grad is None) == (xe.grad is None)
+    if xe.grad is not None:
+        torch.testing.assert_close(xc.grad, xe.grad)
 
 
 # -- data-dependent shapes ---------------------------------------------------------------------
