@@ -93,6 +93,9 @@ def generate_source(gm: torch.fx.GraphModule, key: str = "") -> tuple[str, dict[
 
     from .sizes import SizeEnv, size_env
 
+    from .patterns import rewrite_graph
+
+    gm = rewrite_graph(gm)  # hand-written attention -> one fused kernel (patterns.py)
     # symbolic sizes (if any) are known to lowering, scheduling and code generation through one
     # SizeEnv: their example values steer heuristics only
     with size_env(SizeEnv()):

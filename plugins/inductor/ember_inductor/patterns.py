@@ -1,0 +1,302 @@
+"""Graph rewrites before lowering: attention written out by hand becomes one attention kernel.
+
+``softmax(q @ k.transpose(-2, -1) * scale, dim=-1) @ v`` reaches inductor, after AOT autograd's
+decompositions, as two ``bmm`` calls on copies of q, k and v (``expand``/``clone``/``view`` into
+3-d batches), a scaled ``_softmax`` in between, and a ``view`` of the result back to 4-d. On the
+CPU that costs two matmul library calls, a softmax kernel over the whole ``[B, H, T, S]`` score
+tensor and three copies; ATen's fused attention kernel
+(``_scaled_dot_product_flash_attention_for_cpu``, the one ``F.scaled_dot_product_attention``
+runs) reads q, k and v where they are (strided views of the projection's output) and never
+stores the scores. :func:`fuse_attention` replaces the first by the second.
+
+The rewrite is exact up to floating-point summation order (the fused kernel's online softmax).
+It applies only where nothing else reads the intermediates (the scores, the probabilities, the
+copies): in a training forward graph they are saved for the backward, so it leaves those alone.
+Static shapes only; no mask, no dropout.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+from typing import Any
+
+import torch
+import torch.fx
+
+__all__ = ["fuse_attention", "rewrite_graph", "flash_meta"]
+
+log = logging.getLogger("ember.inductor.patterns")
+
+aten = torch.ops.aten
+
+_VIEW = {aten.view.default, aten._unsafe_view.default, aten.reshape.default}
+_CLONE = {aten.clone.default}
+_EXPAND = {aten.expand.default}
+#: view ops through which a tensor keeps its (meta) strides exactly in the lowering
+_LAYOUT_VIEWS = {aten.view.default, aten._unsafe_view.default, aten.permute.default,
+                 aten.transpose.int, aten.t.default, aten.slice.Tensor, aten.select.int,
+                 aten.expand.default, aten.unsqueeze.default, aten.squeeze.dim,
+                 aten.alias.default, operator.getitem, aten.split.Tensor,
+                 aten.split_with_sizes.default}
+_DTYPES = (torch.float32, torch.float64, torch.bfloat16)
+FLASH = aten._scaled_dot_product_flash_attention_for_cpu.default
+
+
+def _val(n: Any) -> Any:
+    return n.meta.get("val") if isinstance(n, torch.fx.Node) else None
+
+
+def _static(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and all(isinstance(s, int) for s in t.shape) and all(
+        isinstance(s, int) for s in t.stride())
+
+
+def _only_user(n: torch.fx.Node, user: torch.fx.Node) -> bool:
+    return len(n.users) == 1 and next(iter(n.users)) is user
+
+
+def _call(n: Any, ops: set[Any]) -> bool:
+    return isinstance(n, torch.fx.Node) and n.op == "call_function" and n.target in ops
+
+
+def _batched_4d(n3: Any, dead: list[torch.fx.Node]) -> torch.fx.Node | None:
+    """The 4-d tensor ``[B, H, a, b]`` a 3-d bmm operand ``[B*H, a, b]`` was copied or viewed
+    from (``view(clone(expand(x)))`` with each step optional but the view), or None."""
+    if not _call(n3, _VIEW):
+        return None
+    v3 = _val(n3)
+    chain = [n3]
+    cur = n3.args[0]
+    if _call(cur, _CLONE) and _only_user(cur, chain[-1]):
+        mf = cur.kwargs.get("memory_format", torch.contiguous_format)
+        if mf not in (torch.contiguous_format, torch.preserve_format):
+            return None
+        chain.append(cur)
+        cur = cur.args[0]
+    if _call(cur, _EXPAND) and _only_user(cur, chain[-1]):
+        if list(_val(cur.args[0]).shape) != list(_val(cur).shape):
+            return None  # a real broadcast (shared heads): not this pattern
+        chain.append(cur)
+        cur = cur.args[0]
+    x4 = _val(cur)
+    if not (_static(x4) and _static(v3)) or x4.dim() != 4 or v3.dim() != 3:
+        return None
+    if x4.shape[0] * x4.shape[1] != v3.shape[0] or list(x4.shape[2:]) != list(v3.shape[1:]):
+        return None
+    dead.extend(chain)
+    return cur
+
+
+def _lowered_as_meta(n: torch.fx.Node) -> bool:
+    """Will the lowering give ``n`` the strides its meta value has? True when ``n`` is a chain
+    of views over a graph input, an extern kernel's output or a value whose meta is contiguous
+    (what a stored intermediate gets)."""
+    cur = n
+    while _call(cur, _LAYOUT_VIEWS):
+        cur = cur.args[0]
+    if not isinstance(cur, torch.fx.Node):
+        return False
+    if cur.op == "placeholder":
+        return True
+    v = _val(cur)
+    if cur.op == "call_function" and cur.target in (aten.addmm.default, aten.mm.default,
+                                                    aten.bmm.default, FLASH):
+        return True
+    return isinstance(v, torch.Tensor) and v.is_contiguous()
+
+
+def _unit_inner_stride(n: torch.fx.Node) -> bool:
+    v = _val(n)
+    return v.shape[-1] == 1 or v.stride(-1) == 1
+
+
+def flash_meta(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``meta["val"]`` of the fused kernel's (output, logsumexp) for a query ``q`` (fake when
+    ``q`` is): the output laid out like ``q`` (``empty_like``), logsumexp ``[B, H, T]`` stored as
+    ``[B, T, H]``, as ATen's kernel allocates them."""
+    b, h, t, _ = q.shape
+    lse_dtype = torch.float32 if q.dtype in (torch.bfloat16, torch.float16) else q.dtype
+
+    def make() -> tuple[torch.Tensor, torch.Tensor]:
+        return (torch.empty_like(q),
+                torch.empty((b, t, h), dtype=lse_dtype, device=q.device).transpose(1, 2))
+
+    mode = getattr(q, "fake_mode", None)
+    if mode is not None:
+        with mode:
+            return make()
+    return make()
+
+
+def _same_geometry(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return (a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype
+                and a.device == b.device)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same_geometry(x, y) for x, y in zip(a, b))
+    return not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor)
+
+
+def _repropagate(root: torch.fx.Node, new_val: torch.Tensor) -> dict[torch.fx.Node, Any] | None:
+    """The new ``meta["val"]`` of the views downstream of ``root`` when ``root``'s value gets
+    ``new_val``'s strides; None when some op that is not a view would then produce another
+    geometry than it was traced with (its consumers, and the lowering, rely on that)."""
+    order = {n: i for i, n in enumerate(root.graph.nodes)}
+    env: dict[torch.fx.Node, Any] = {root: new_val}
+    todo = dict.fromkeys(root.users)
+    updates: dict[torch.fx.Node, Any] = {}
+    while todo:
+        u = min(todo, key=order.__getitem__)
+        del todo[u]
+        if u.op != "call_function":
+            return None
+
+        def val(a: Any) -> Any:
+            return env[a] if a in env else _val(a) if isinstance(a, torch.fx.Node) else a
+
+        try:
+            nv = u.target(*torch.fx.node.map_aggregate(u.args, val),
+                          **torch.fx.node.map_aggregate(u.kwargs, val))
+        except Exception:
+            return None
+        if u.target in _LAYOUT_VIEWS and u.target is not operator.getitem:
+            env[u] = updates[u] = nv
+            todo.update(dict.fromkeys(u.users))
+        elif not _same_geometry(nv, _val(u)):
+            return None
+    return updates
+
+
+def fuse_attention(gm: torch.fx.GraphModule) -> int:
+    """Rewrite hand-written attention in ``gm`` (in place) into the fused attention kernel;
+    returns how many were rewritten (the graph is recompiled when any was)."""
+    g = gm.graph
+    done = 0
+    for bmm2 in list(g.nodes):
+        if not (_call(bmm2, {aten.bmm.default}) and len(bmm2.users) == 1):
+            continue
+        out_view = next(iter(bmm2.users))
+        dead: list[torch.fx.Node] = [bmm2]
+        # probabilities: view(expand(_softmax(scores)))
+        a3 = bmm2.args[0]
+        if not _call(a3, _VIEW) or not _only_user(a3, bmm2):
+            continue
+        dead.append(a3)
+        p = a3.args[0]
+        if _call(p, _EXPAND) and _only_user(p, a3):
+            if list(_val(p.args[0]).shape) != list(_val(p).shape):
+                continue
+            dead.append(p)
+            p = p.args[0]
+        if not (_call(p, {aten._softmax.default}) and len(p.users) == 1):
+            continue
+        pv = _val(p)
+        if not _static(pv) or pv.dim() != 4 or p.args[1] not in (-1, 3) or p.args[2]:
+            continue
+        if pv.dtype not in _DTYPES:
+            continue
+        dead.append(p)
+        s = p.args[0]
+        scale = 1.0
+        if _call(s, {aten.mul.Tensor, aten.div.Tensor}) and _only_user(s, p) \
+                and isinstance(s.args[1], (int, float)) and not isinstance(s.args[1], bool):
+            c = float(s.args[1])
+            if s.target is aten.div.Tensor:
+                if c == 0:
+                    continue
+                c = 1.0 / c
+            scale = c
+            dead.append(s)
+            s = s.args[0]
+        if not (_call(s, _VIEW) and _only_user(s, dead[-1]) and list(_val(s).shape)
+                == list(pv.shape)):
+            continue
+        dead.append(s)
+        bmm1 = s.args[0]
+        if not (_call(bmm1, {aten.bmm.default}) and _only_user(bmm1, s)):
+            continue
+        dead.append(bmm1)
+        q4 = _batched_4d(bmm1.args[0], dead)
+        kt4 = _batched_4d(bmm1.args[1], dead)
+        v4 = _batched_4d(bmm2.args[1], dead)
+        if q4 is None or kt4 is None or v4 is None:
+            continue
+        qv, ktv, vv = _val(q4), _val(kt4), _val(v4)
+        b, h, t, d = qv.shape
+        sk = ktv.shape[3]
+        if list(ktv.shape) != [b, h, d, sk] or list(vv.shape[:3]) != [b, h, sk] \
+                or vv.shape[3] != d or list(pv.shape) != [b, h, t, sk]:
+            continue
+        if len({qv.dtype, ktv.dtype, vv.dtype, pv.dtype}) != 1:
+            continue
+        ov = _val(out_view)
+        if not (_call(out_view, _VIEW) and _static(ov) and list(ov.shape) == [b, h, t, d]):
+            continue
+        # k itself: undo the transpose (a permute of a permute is the tensor it started from)
+        k_src = None
+        if _call(kt4, {aten.permute.default}) and list(kt4.args[1]) == [0, 1, 3, 2]:
+            k_src = kt4.args[0]
+        elif _call(kt4, {aten.transpose.int}) and sorted(
+                a % 4 for a in kt4.args[1:3]) == [2, 3]:
+            k_src = kt4.args[0]
+        # the fused kernel reads its inputs with unit inner stride (it assumes it): make sure
+        # the lowering gives them that layout
+        if not all(_lowered_as_meta(n) for n in (q4, kt4, v4)):
+            continue
+        if not _unit_inner_stride(q4) or not _unit_inner_stride(v4):
+            continue
+        kv_strides = list(ktv.stride())
+        if kv_strides[2] != 1 and ktv.shape[2] != 1:
+            continue
+        fused_val = flash_meta(qv)
+        out_val = fused_val[0]
+        updates = _repropagate(out_view, out_val)
+        if updates is None and not ov.is_contiguous():
+            continue
+        with g.inserting_before(out_view):
+            if k_src is None:
+                k_src = g.call_function(aten.permute.default, (kt4, [0, 1, 3, 2]))
+                k_src.meta["val"] = ktv.permute(0, 1, 3, 2)
+            fused = g.call_function(FLASH, (q4, k_src, v4), {"scale": scale})
+            # output [B, H, T, D] stored as [B, T, H, D]; logsumexp [B, H, T] stored as [B, T, H]
+            fused.meta["val"] = fused_val
+            out = g.call_function(operator.getitem, (fused, 0))
+            out.meta["val"] = out_val
+            if updates is None:
+                # a consumer would see other strides than it was traced with: give it the
+                # contiguous tensor the view was
+                out = g.call_function(aten.clone.default, (out,),
+                                      {"memory_format": torch.contiguous_format})
+                out.meta["val"] = ov
+        for n, v in (updates or {}).items():
+            n.meta["val"] = v
+        for n in [out, *(updates or {})]:
+            # a copy into the layout the fused kernel's output already has (the heads merged
+            # back, ``transpose(1, 2).reshape(b, t, d)``) is a view of it now
+            for c in list(n.users):
+                if _call(c, _CLONE) and _same_geometry(_val(c), _val(n)):
+                    c.replace_all_uses_with(n)
+                    g.erase_node(c)
+        out_view.replace_all_uses_with(out)
+        g.erase_node(out_view)
+        order = {n: i for i, n in enumerate(g.nodes)}
+        for n in sorted(set(dead), key=order.__getitem__, reverse=True):  # consumers first
+            if not n.users:
+                g.erase_node(n)
+        done += 1
+    if done:
+        g.lint()
+        gm.recompile()
+        log.debug("fused %d hand-written attention(s) into %s", done, FLASH)
+    return done
+
+
+def rewrite_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``gm`` with the rewrites above applied: a copy when anything changed, else ``gm``."""
+    if not any(_call(n, {aten._softmax.default}) for n in gm.graph.nodes):
+        return gm
+    import copy
+
+    new = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
+    return new if fuse_attention(new) else gm
