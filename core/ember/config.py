@@ -25,8 +25,9 @@ cache_dir: str = os.path.join(os.path.expanduser("~"), ".cache", "ember")
 #: Reuse AOT autograd's forward/backward graphs from the on-disk cache (ember/aot/cache.py).
 aot_cache: bool = True
 #: Store captures on disk and rebuild them in later processes without tracing, after checking
-#: every object they refer to (ember/capture/persist.py). Opt-in.
-persist_capture: bool = False
+#: every object they refer to and the entry's guards (ember/capture/persist.py).
+#: ``EMBER_PERSIST_CAPTURE=0`` turns it off.
+persist_capture: bool = True
 #: Inline calls to user functions up to this depth (deeper calls are a graph break).
 max_inline_depth: int = 64
 

@@ -1,4 +1,4 @@
-"""Persisted captures (ember/capture/persist.py, opt-in): a fresh process whose cache holds the
+"""Persisted captures (ember/capture/persist.py, on by default; ``EMBER_PERSIST_CAPTURE=0``): a fresh process whose cache holds the
 capture of a model's forward rebuilds it without tracing (no FakeTensorMode, so torch._dynamo is
 never imported), and misses (then captures as usual, with correct results) when the model's
 code, a global it reads, a helper module, or its submodules changed between processes."""
@@ -84,8 +84,9 @@ def warm(tmp_path: Path, py: Any) -> Any:
     (src / "warm_model.py").write_text(MODEL)
     (src / "warm_helper.py").write_text(HELPER)
 
-    def run(**env: str) -> dict[str, Any]:
+    def run(**env: str | None) -> dict[str, Any]:
         full = {"EMBER_CACHE_DIR": str(tmp_path / "cache"), "EMBER_PERSIST_CAPTURE": "1", **env}
+        full = {k: v for k, v in full.items() if v is not None}  # None: leave it unset
         r = py(RUN, env=full, pythonpath=[src])
         assert r.returncode == 0, r.stderr
         ans = json.loads(r.stdout.strip().splitlines()[-1])
@@ -125,8 +126,13 @@ def test_changes_between_processes_are_misses(warm: Any) -> None:
     assert warm()["persist"]["hits"] == 0
 
 
-def test_off_by_default(warm: Any) -> None:
-    warm(EMBER_PERSIST_CAPTURE="0")
-    ans = warm(EMBER_PERSIST_CAPTURE="0")
-    assert ans["persist"] == {"hits": 0, "saved": 0, "misses": 0, "refused": 0}
-    assert ans["dynamo"] is True
+def test_on_by_default_and_off_with_the_environment_variable(warm: Any) -> None:
+    off = warm(EMBER_PERSIST_CAPTURE="0")
+    assert off["persist"] == {"hits": 0, "saved": 0, "misses": 0, "refused": 0}
+    off = warm(EMBER_PERSIST_CAPTURE="0")
+    assert off["persist"] == {"hits": 0, "saved": 0, "misses": 0, "refused": 0}
+    assert off["dynamo"] is True
+    default = warm(EMBER_PERSIST_CAPTURE=None)  # not set: on
+    assert default["persist"]["saved"] == 1
+    default = warm(EMBER_PERSIST_CAPTURE=None)
+    assert default["persist"]["hits"] == 1 and default["dynamo"] is False

@@ -1,4 +1,4 @@
-"""Persisted captures: a warm start's first call without tracing (opt-in).
+"""Persisted captures: a warm start's first call without tracing (on by default).
 
 Capturing a frame builds FakeTensors, and torch's FakeTensorMode loads a large part of torch on
 first use (about 1.3 s on a quiet 2-core machine): a fresh process pays that on its first
@@ -11,14 +11,17 @@ Recipes (found after a capture, by searching the call's arguments and the namesp
 
 * objects reached from an argument: a submodule by its path (``blocks.0.fc1``), its
   ``__dict__``, a parameter or buffer by name, a tensor argument; checked at load: the object's
-  type (module and qualified name) and, for tensors, shape, stride, storage offset, dtype,
-  device, requires_grad;
+  type (module and qualified name, and the live type must be the class importable under that
+  name: a same-named class made by ``type()`` is another class) and, for tensors, shape,
+  stride, storage offset, dtype, device, requires_grad;
 * functions, classes, builtins, Python modules and module globals by importable name, checked to
-  resolve to themselves; a decorated function through its wrapper's closure cells. A function
-  is compared by its code (a deterministic text of bytecode, constants and names, nested code
-  included), its defaults and what its closure holds; every non-torch, non-standard-library
-  source file that defines one of these objects must hash the same (editing the model's file is
-  a miss);
+  resolve to themselves; a class or builtin found under the name must still call itself by it
+  (``torch.relu = torch.tanh`` is a miss); a decorated function through its wrapper's closure
+  cells. A function is compared by its code (a deterministic text of bytecode, constants and
+  names, nested code included), its defaults, the module whose globals it reads and what its
+  closure holds (constants with their type: ``1`` is not ``True``); every non-torch,
+  non-standard-library source file that defines one of these objects must hash the same
+  (editing the model's file is a miss);
 * functions' ``__defaults__``/``__kwdefaults__`` (plain constants only), closure cells and code
   objects of those functions; the function's globals; Ember's entry helpers; dtypes, devices and
   plain constants by value.
@@ -30,10 +33,15 @@ failure is a miss, and the frame is captured as usual. Rebinding makes identity 
 true, so everything else the guards check (values of attributes and globals read, hooks, grad
 mode, ...) still runs as generated.
 
+Graph targets are torch's, Python's or ``aten``/``prims`` operators (a user's custom operator
+is refused: its Python code is not hashed). A rebuilt capture is reported as a traced one is
+(graph counters, ``graph_captured``/``entry_guards`` events, ``ember.last_capture()``).
+
 Keyed by the function's code, the arguments' types and tensor metadata, grad mode, backend and
-options, Ember's capture/AOT sources and the torch and Python versions; stored as JSON in the
-text store (``<cache dir>/text/capture/``). Off unless ``ember.config.persist_capture``
-(``EMBER_PERSIST_CAPTURE=1``).
+options, what ``ember.disable``/``allow_in_graph`` marked and ``config.max_inline_depth``,
+Ember's capture/AOT sources and the torch and Python versions; stored as JSON in the
+text store (``<cache dir>/text/capture/``). On unless ``ember.config.persist_capture`` is False
+(``EMBER_PERSIST_CAPTURE=0``).
 """
 
 from __future__ import annotations
@@ -57,7 +65,7 @@ __all__ = ["enabled", "save", "load", "counters"]
 
 log = logging.getLogger("ember.capture.persist")
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 NAMESPACE = "capture"
 
 #: ``hits`` (entries rebuilt without tracing), ``saved``, ``misses`` (no entry, or one that did not
@@ -70,10 +78,10 @@ class _Refuse(Exception):
 
 
 def enabled() -> bool:
-    """``ember.config.persist_capture`` (``EMBER_PERSIST_CAPTURE=1``)."""
+    """``ember.config.persist_capture`` (``EMBER_PERSIST_CAPTURE=0`` turns it off)."""
     from .. import config
 
-    return bool(getattr(config, "persist_capture", False))
+    return bool(getattr(config, "persist_capture", True))
 
 
 # --------------------------------------------------------------------------------------------
@@ -146,13 +154,31 @@ def _args_key(args: tuple, kwargs: dict) -> list[Any]:
     return out + sorted(kwargs)
 
 
+def _marks() -> str:
+    """What ``ember.disable`` / ``ember.allow_in_graph`` marked in this process (they change
+    what a capture inlines): by code location or import name."""
+    from . import frame
+    from .. import config
+
+    def name(k: Any) -> str:
+        if isinstance(k, types.CodeType):
+            return f"{k.co_filename}:{k.co_firstlineno}:{k.co_qualname}"
+        try:
+            return ".".join(_import_name(k))
+        except _Refuse:
+            return f"<{type(k).__name__} {id(k)}>"  # never equal in another process
+
+    return repr((sorted(map(name, frame._disabled)), sorted(map(name, frame._allow_in_graph)),
+                 config.max_inline_depth))
+
+
 def _key(cf: Any, args: tuple, kwargs: dict) -> str:
     from ..aot.cache import _canon
 
     fn = cf.fn
     h = hashlib.sha256()
     for part in (_ember_fingerprint(), f"torch={torch.__version__}",
-                 f"python={sys.version}", _code_hash(fn.__code__),
+                 f"python={sys.version}", _code_hash(fn.__code__), _marks(),
                  f"{cf.backend.name} {_canon(dict(sorted(cf.options.items())))}",
                  f"fullgraph={cf.fullgraph} dynamic={cf.dynamic} root={cf._root_module}",
                  f"grad={torch.is_grad_enabled()}", json.dumps(_args_key(args, kwargs))):
@@ -188,6 +214,17 @@ def _import_name(obj: Any) -> tuple[str, str]:
         if isinstance(q, str) and "<" not in q and _resolve_name(mod, q) is obj:
             return mod, q
     raise _Refuse(f"{obj!r} is not importable by name")
+
+
+def _check_named(obj: Any, mod: str, qual: str) -> None:
+    """``obj``, found under ``mod.qual``, is the object of that name (not another one assigned
+    there since: ``torch.relu = torch.tanh`` rebinds the name, not the object's own name)."""
+    try:
+        ok = _import_name(obj) == (mod, qual)
+    except _Refuse:
+        ok = False
+    if not ok:
+        raise _Refuse(f"{mod}.{qual} is now {obj!r}")
 
 
 def _consts(values: Any) -> str:
@@ -263,11 +300,13 @@ class _Finder:
         if depth > 8:
             raise _Refuse("closures nested too deep")
         if obj is None or type(obj) in (bool, int, str):
-            return ["const", obj]
+            return ["const", type(obj).__name__, obj]  # the type: JSON's 1 == True in Python
         if type(obj) is float:
             return ["float", obj.hex()]
         if isinstance(obj, type):
-            return ["class", *_import_name(obj)]
+            mod, qual = _import_name(obj)
+            self._file(mod)
+            return ["class", mod, qual]
         if not isinstance(obj, types.FunctionType):
             raise _Refuse(f"closure holds a {type(obj).__name__}")
         mod = obj.__module__
@@ -277,8 +316,18 @@ class _Finder:
             if not (d is None or type(d) in (bool, int, str, float)):
                 raise _Refuse(f"default of type {type(d).__name__}")
         return ["fn", _code_hash(obj.__code__),
-                repr(obj.__defaults__), repr(obj.__kwdefaults__),
+                repr(obj.__defaults__), repr(obj.__kwdefaults__), self._globals_of(obj),
                 [self.fingerprint(c.cell_contents, depth + 1) for c in obj.__closure__ or ()]]
+
+    def _globals_of(self, fn: types.FunctionType) -> str:
+        """The module whose namespace ``fn`` reads its globals from (a decorator's wrapper
+        names the wrapped function's module but reads its own module's globals)."""
+        name = fn.__globals__.get("__name__")
+        m = sys.modules.get(name) if isinstance(name, str) else None
+        if m is None or m.__dict__ is not fn.__globals__:
+            raise _Refuse(f"{fn.__qualname__} reads globals of no imported module")
+        self._file(name)
+        return name
 
     def recipe(self, name: str, obj: Any) -> list[Any]:
         from .output import ENTRY_HELPERS
@@ -301,7 +350,8 @@ class _Finder:
         if path is not None:
             meta = _tensor_meta(obj) if isinstance(obj, torch.Tensor) else _type_name(obj)
             if not isinstance(obj, (torch.Tensor, dict)):
-                self._file(type(obj).__module__)
+                mod, _ = _import_name(type(obj))  # the live type is checked to be this one
+                self._file(mod)
             return ["path", path, meta]
         if type(obj) in (tuple, dict):  # a function's __defaults__ / __kwdefaults__
             for attr in ("__defaults__", "__kwdefaults__"):
@@ -404,6 +454,11 @@ def _resolve(recipe: list[Any], fn: Any, roots: dict[str, Any], files: dict[str,
         live = _tensor_meta(obj) if isinstance(obj, torch.Tensor) else _type_name(obj)
         if live != meta:
             raise _Refuse(f"{path}: {live} != {meta}")
+        if not isinstance(obj, (torch.Tensor, dict)):
+            # a class of the same name (made by type(), or defined twice) is another class
+            tp = type(obj)
+            if _resolve_name(tp.__module__, tp.__qualname__) is not tp:
+                raise _Refuse(f"{path}: its type is not {meta}")
         return obj
     if kind == "moddict":
         m = sys.modules.get(recipe[1])
@@ -419,6 +474,8 @@ def _resolve(recipe: list[Any], fn: Any, roots: dict[str, Any], files: dict[str,
         obj = _resolve_name(recipe[1], recipe[2])
         if obj is None:
             raise _Refuse(f"{recipe[1]}.{recipe[2]} not found")
+        if kind in ("class", "builtin"):
+            _check_named(obj, recipe[1], recipe[2])
         if kind == "wrapped":
             try:
                 for i in recipe[3]:
@@ -453,6 +510,8 @@ _dec = decode_arg
 
 def _target(t: Any) -> list[Any]:
     if isinstance(t, torch._ops.OpOverload):
+        if t.namespace not in ("aten", "prims"):  # a user's op: its Python code is not hashed
+            raise _Refuse(f"graph target {t.name()}")
         return ["op", t.name()]
     mod, qual = _import_name(t)
     if not (mod in ("operator", "builtins", "math") or mod == "torch" or mod.startswith("torch.")):
@@ -492,6 +551,7 @@ def _loads_graph(nodes: list[Any]) -> fx.GraphModule:
                     t = _resolve_name(target[1], target[2])
                     if t is None:
                         raise _Refuse(f"target {target} not found")
+                    _check_named(t, target[1], target[2])
             else:
                 t = target
             n = g.create_node(op, t, tuple(a), k, name=name)
@@ -555,7 +615,7 @@ def _save(cf: Any, entry: Any, args: tuple, kwargs: dict) -> None:
     record = {"format": FORMAT_VERSION, "source": src, "guards": list(entry.guards),
               "graph": _dumps_graph(gm), "recipes": recipes, "files": finder.files,
               "graph_id": cap.graph_id,
-              "inputs": [[i.kind, i.source, i.stable_address] for i in cap.inputs]}
+              "inputs": [[i.kind, i.source, i.stable_address, i.fetch] for i in cap.inputs]}
     put_text(NAMESPACE, _key(cf, args, kwargs), json.dumps(record))
     counters["saved"] += 1
 
@@ -662,7 +722,7 @@ def _load(cf: Any, rec: dict[str, Any], args: tuple, kwargs: dict,
             raise _Refuse("a guard fails")
         raise _Refuse("the entry did not call its graph")
     gm = _loads_graph(rec["graph"])
-    infos = [InputInfo(k, s, bool(a)) for k, s, a in rec["inputs"]]
+    infos = [InputInfo(k, s, bool(a)) for k, s, a, _ in rec["inputs"]]
     t0 = time.perf_counter()
     compiled = compile_graph(gm, inputs, cf.backend, cf.options, inputs=infos,
                              graph_id=rec["graph_id"])
@@ -675,4 +735,31 @@ def _load(cf: Any, rec: dict[str, Any], args: tuple, kwargs: dict,
     entry.guards = list(rec["guards"])
     entry.graph_module = gm
     entry.persisted = True
+    entry.capture = _announce(fn, rec, gm)
     return entry
+
+
+def _announce(fn: Any, rec: dict[str, Any], gm: fx.GraphModule) -> Any:
+    """What a capture reports (counters, events, logs, ``ember.last_capture()``), reported for
+    a rebuilt one too: observers see the same graph whether it was traced or read from disk."""
+    from .. import events
+    from . import artifact
+    from .output import graph_log
+
+    code = fn.__code__
+    where = f"{code.co_filename}:{code.co_firstlineno}"
+    n_ops = sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method"))
+    events.counters["stats"]["graphs"] += 1
+    events.counters["stats"]["ops"] += n_ops
+    if graph_log.isEnabledFor(logging.INFO):
+        graph_log.info("captured graph for %s %s (%d ops, rebuilt from the on-disk cache):\n%s",
+                       where, code.co_name, n_ops, gm.print_readable(print_output=False))
+    events.emit("graph_captured", function=where, name=code.co_name, ops=n_ops, graph=gm)
+    inputs = tuple(artifact.CaptureInput(k, s, f, bool(a)) for k, s, a, f in rec["inputs"])
+    cap = artifact.Capture(function=f"{where} in {code.co_name}", graph_id=rec["graph_id"],
+                           graph=gm, inputs=inputs, guards=tuple(rec["guards"]),
+                           entry_source=rec["source"], break_reason=None)
+    artifact.record(cap)
+    events.counters["stats"]["entries"] += 1
+    events.emit("entry_guards", function=f"{code.co_name} ({where})", guards=list(rec["guards"]))
+    return cap
