@@ -149,3 +149,45 @@ def test_other_threads_are_not_routed() -> None:
     release.set()
     t.join(60)
     assert list(nested.patched_classes()) == []
+
+
+class CheckpointingLayer(Layer):
+    """A layer class with its own ``__call__`` (transformers' GradientCheckpointingLayer)."""
+
+    checkpointing = False
+
+    def __call__(self, *args, **kwargs):
+        if self.checkpointing and self.training:
+            raise NotImplementedError
+        return super().__call__(*args, **kwargs)
+
+
+class CheckpointingDecoder(Decoder):
+    def __init__(self) -> None:
+        super().__init__(n=2)
+        self.layers = nn.ModuleList([CheckpointingLayer() for _ in range(2)])
+
+
+def test_layer_with_own_call_compiled_as_one_frame() -> None:
+    """A class with its own ``__call__`` is compiled from that frame (its forward inlined
+    through ``super().__call__``), not left eager with only its children compiled."""
+    ember.reset()
+    m = CheckpointingDecoder().train()
+    x = torch.randn(4, 8)
+    out = ember.compile(m, backend="aot_eager")(x)
+    out.backward()
+    got = _grads(m)
+    m.zero_grad(set_to_none=True)
+    ref = m(x)
+    ref.backward()
+    torch.testing.assert_close(out, ref)
+    for g, w in zip(got, _grads(m)):
+        torch.testing.assert_close(g, w)
+    stats = events.counters["stats"]
+    assert stats["skipped_frames"] == 1 and stats["fallbacks"] == 0
+    # one graph per layer, each holding the layer's relu (before: only nn.Linear children,
+    # which are torch's own modules and not compiled on their own, so no graph at all)
+    assert stats["graphs"] == 2
+    assert list(nested.patched_classes()) == []
+    assert "__call__" in CheckpointingLayer.__dict__
+    assert CheckpointingLayer.__dict__["__call__"].__name__ == "__call__"

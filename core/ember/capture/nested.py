@@ -21,6 +21,7 @@ It checks a thread-local: other threads, Ember's own tracing (which never goes t
 from __future__ import annotations
 
 import threading
+import types
 import weakref
 from typing import Any, Callable, Iterator
 
@@ -83,7 +84,12 @@ def _compiled_for(m: torch.nn.Module, backend: Any, options: dict[str, Any],
     per = _compiled.setdefault(m, {})
     fn = per.get(key)
     if fn is None:
-        if m._forward_pre_hooks or m._forward_hooks or "forward" in m.__dict__:
+        own_call = _own_call(type(m))
+        if own_call is not None:
+            # a class with its own __call__ (transformers' GradientCheckpointingLayer): that
+            # frame is compiled, as a frame hook would; it reaches forward via super().__call__
+            inner = CompiledFunction(own_call, backend, options, bound_self=m, dynamic=dynamic)
+        elif m._forward_pre_hooks or m._forward_hooks or "forward" in m.__dict__:
             inner = CompiledFunction(_module_call_fn(type(m)), backend, options, bound_self=m,
                                      dynamic=dynamic)
         else:
@@ -105,12 +111,31 @@ def _classes(root: Any) -> set[type]:
 
 def _routable(cls: type) -> bool:
     """Frames of torch's own modules (``nn.Linear.forward``) are not compiled on their own, only
-    user code (the same rule as for skipped files); a class with its own ``__call__`` is left
-    alone too."""
+    user code (the same rule as for skipped files); a class whose own ``__call__`` is not a
+    Python function defined outside torch is left alone too."""
     if (cls.__module__ or "").split(".", 1)[0] == "torch":
         return False
     call = cls.__call__
-    return call is torch.nn.Module.__call__ or getattr(call, "_ember_nested_dispatch", False)
+    if call is torch.nn.Module.__call__ or getattr(call, "_ember_nested_dispatch", False):
+        return True
+    return _own_call(cls) is not None
+
+
+def _own_call(cls: type) -> Any:
+    """The ``__call__`` a module class defines above ``nn.Module`` (before any routing replaced
+    it), when it is a Python function outside torch; None for ``nn.Module.__call__``."""
+    for c in cls.__mro__:
+        if c is torch.nn.Module:
+            return None
+        patched = _patched.get(c)
+        call = patched[1] if patched is not None else c.__dict__.get("__call__", _MISSING)
+        if call is _MISSING:
+            continue
+        if not isinstance(call, types.FunctionType) or \
+                (getattr(call, "__module__", "") or "").split(".", 1)[0] == "torch":
+            return None
+        return call
+    return None
 
 
 class scope:
