@@ -39,6 +39,7 @@ typedef __INT8_TYPE__ int8_t;
 typedef __UINT8_TYPE__ uint8_t;
 typedef __UINT16_TYPE__ uint16_t;
 typedef __UINT32_TYPE__ uint32_t;
+extern "C" int omp_get_max_threads(void) noexcept;
 @@SIMD_DECLS@@
 static inline float e_bf16_to_float(uint16_t v) { uint32_t b = (uint32_t)v << 16; float f; __builtin_memcpy(&f, &b, 4); return f; }
 static inline uint16_t e_float_to_bf16(float f) {
@@ -282,6 +283,8 @@ class CppOps:
             expr = f"e_bf16_to_float({expr})"
         elif dtype == torch.float16:
             expr = f"(float){expr}"
+        if self.k.hoistable(index):
+            return self.k.hoisted(expr, dtype)
         return self._emit(expr, dtype)
 
     def constant(self, value: Any, dtype: torch.dtype) -> CppVar:
@@ -326,7 +329,11 @@ class CppOps:
         self.k.line(f"{compute_type(dtype)} {name} = {literal(other, dtype)};")
         self.k.line(f"if ({mask}) {{")
         self.k.push()
-        v = body()
+        self.k.masked_depth += 1  # a load under a mask may be out of bounds: never hoisted
+        try:
+            v = body()
+        finally:
+            self.k.masked_depth -= 1
         if v.dtype != dtype:
             v = self.to_dtype(v, dtype)
         self.k.line(f"{name} = {v};")
@@ -396,6 +403,36 @@ class CppKernel:
         self.local_values: dict[str, CppVar] = {}
         self._tmp = 0
         self.checked = False  # some statement can fail as eager would: return a status
+        # where loads that do not move along the inner loop go (see hoistable); None: nowhere
+        self.hoist: dict[str, Any] | None = None
+        self.masked_depth = 0
+
+    _INVARIANT = re.compile(r"^[xs]\d+$")
+
+    def hoistable(self, index: Any) -> bool:
+        """A load inside an inner (reduction) loop whose index uses only outer loop variables
+        and size symbols: read once before the loop. Inside an OpenMP-outlined loop the pointers
+        lose ``restrict``, so gcc cannot move such a load out itself, and a loop with an invariant
+        load it must keep (a LayerNorm backward's mean/rstd) is not vectorized at all."""
+        if self.hoist is None or self.masked_depth:
+            return False
+        free = getattr(index, "free_symbols", ())
+        return all(self._INVARIANT.match(str(v)) for v in free)
+
+    def hoisted(self, expr: str, dtype: torch.dtype) -> CppVar:
+        h = self.hoist
+        assert h is not None
+        key = f"{expr}|{dtype}"
+        for sc in reversed(self.scopes):
+            v = sc.get(key)
+            if v is not None:
+                return v
+        name = self.new_tmp()
+        self.lines.insert(h["pos"], "  " * h["indent"] + f"{compute_type(dtype)} {name} = {expr};")
+        h["pos"] += 1
+        v = CppVar(name, dtype)
+        h["scope"][key] = v
+        return v
 
     def check(self, cond: str, code: int, then: str = "") -> None:
         """Flag ``code`` in the kernel's status when ``cond`` holds (rare: an index out of range,
@@ -499,11 +536,13 @@ class CppKernel:
             try:
                 if sympy.sympify(m.store_index).coeff(xl) != 1:
                     return False
-                # the loads that move along the reduction: none may be contiguous in it, and one
-                # must be contiguous along the outputs
+                # the loads that move along the reduction: none that also moves along the outputs
+                # may be contiguous in it (one that does not, a per-row value such as a
+                # LayerNorm's mean, is a broadcast in the vector loop), and one must be
+                # contiguous along the outputs
                 moving = [e for e in (sympy.sympify(e) for n, e in m.loads if n)
                           if e.coeff(rl) != 0]
-                if any(e.coeff(rl) == 1 for e in moving):
+                if any(e.coeff(rl) == 1 and e.coeff(xl) != 0 for e in moving):
                     return False
                 strided |= any(e.coeff(xl) == 1 for e in moving)
             except Exception:
@@ -515,21 +554,34 @@ class CppKernel:
         k = len(g.outer)
         tile = 256
         names = ", ".join(m.node.name for m in g.members)
-        self.line(f"// {names}: reductions over strided values, {tile}-wide accumulator tiles")
+        self.line(f"// {names}: reductions over strided values, accumulator tiles of up to {tile}")
         self.line("{")
         self.indent += 1
         work = product(g.outer) * product(b.inner)
         xn = f"x{k - 1}"
         n = to_c(g.outer[-1])
         par = _parallel_if(work)
+        rows = _hint(product(g.outer[:-1]))
+        step: Any = tile
+        if par is not None and rows < 8:
+            # few tiles (a bias gradient of 256 columns is one 256-wide tile): narrower tiles, as
+            # many as a multiple of the threads, so that every thread gets an equal share
+            self.line("const int64_t e_nth = omp_get_max_threads();")
+            self.line(f"int64_t e_nt = ({n} + {tile - 1}) / {tile}{f' * {rows}' if rows > 1 else ''};")
+            self.line("if (e_nt < 1) e_nt = 1;")
+            self.line("if (e_nt % e_nth) e_nt += e_nth - e_nt % e_nth;")
+            if rows > 1:
+                self.line(f"e_nt = (e_nt + {rows - 1}) / {rows};")
+            self.line(f"const int64_t e_tile = (({n} + e_nt - 1) / e_nt + 15) / 16 * 16;")
+            step = "e_tile"
         if par is not None:
             self.line(f"#pragma omp parallel for{f' collapse({k})' if k > 1 else ''}{par}")
         for i, sz in enumerate(g.outer[:-1]):
             self.line(f"for (int64_t x{i} = 0; x{i} < {to_c(sz)}; x{i}++) {{")
             self.indent += 1
-        self.line(f"for (int64_t xt = 0; xt < {n}; xt += {tile}) {{")
+        self.line(f"for (int64_t xt = 0; xt < {n}; xt += {step}) {{")
         self.indent += 1
-        self.line(f"const int64_t xe = xt + {tile} < {n} ? xt + {tile} : {n};")
+        self.line(f"const int64_t xe = xt + {step} < {n} ? xt + {step} : {n};")
         for j, m in enumerate(g.members):
             red = m.node.data
             at = compute_type(red.src_dtype)
@@ -652,6 +704,7 @@ class CppKernel:
             if len(b.inner) == 1 and is_symbolic(b.inner[0]) else []
         part = {n: f"acc_{n}_p" for n in chunked}
         if b.inner:
+            self.hoist = {"pos": len(self.lines), "indent": self.indent, "scope": self.scopes[-1]}
             simd = [m for m in reds if m.node.data.reduction_type in ("sum", "prod")
                     and m.node.data.src_dtype.is_floating_point]
             if simd and len(simd) == len(reds):
@@ -714,6 +767,7 @@ class CppKernel:
                 self.local_values[m.node.name] = value
                 pw_names.append(m.node.name)
         if b.inner:
+            self.hoist = None
             self.scopes.pop()
             for _ in b.inner:
                 self.indent -= 1
