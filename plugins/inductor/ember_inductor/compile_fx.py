@@ -84,10 +84,12 @@ def _shape_env(gm: torch.fx.GraphModule) -> Any:
     return None
 
 
-def generate_source(gm: torch.fx.GraphModule, key: str = "") -> tuple[str, dict[str, Any]]:
+def generate_source(gm: torch.fx.GraphModule, key: str = "",
+                    options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
     """(wrapper source, info) for an ATen graph; the wrapper embeds the C++ source."""
     from .codegen.cpp import generate_cpp
     from .codegen.wrapper import generate_wrapper
+    from .layout import plan_for
     from .lowering import GraphLowering
     from .scheduler import CppRegion, Scheduler
 
@@ -99,7 +101,10 @@ def generate_source(gm: torch.fx.GraphModule, key: str = "") -> tuple[str, dict[
     # symbolic sizes (if any) are known to lowering, scheduling and code generation through one
     # SizeEnv: their example values steer heuristics only
     with size_env(SizeEnv()):
-        graph = GraphLowering(gm).run()
+        graph = GraphLowering(gm)
+        # channels-last activations in graphs with convolutions (layout.py)
+        graph.layout_plan = plan_for(gm, options or {})
+        graph.run()
         sched = Scheduler(graph)
         dtypes = {b.name: b.dtype for b in graph.operations}
         dtypes.update({b.name: b.dtype for b in graph.inputs})
@@ -138,6 +143,19 @@ def compile_inductor(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
         if isinstance(v, torch.Tensor) and v.device.type != "cpu":
             raise NotImplementedError(f"ember-inductor: {v.device.type} graphs are not supported "
                                       "yet (CPU only)")
+    kind = getattr(context, "kind", None)
+    if kind in ("forward", "backward") and not options.get("_layout_final"):
+        from . import layout
+
+        if layout.wants_channels_last(gm) and options.get("layout_opt", True):
+            if kind == "forward":
+                # generated when its backward is compiled: saved activations stay channels-last
+                return layout.defer_forward(compile_inductor, gm, example_inputs, context,
+                                            options)
+            inputs = layout.take_forward(context, gm)
+            options = {**options, "_layout_final": True}
+            if inputs:
+                options["_layout"] = {"inputs": tuple(sorted(inputs.items()))}
     if not options.get("_frozen"):
         # inference graphs: fold parameter-only computation once (freezing.py); the graph
         # compiled below takes the folded values as trailing inputs
@@ -153,7 +171,7 @@ def compile_inductor(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
     src = get_text("wrapper", key)
     hit = src is not None
     if src is None:
-        src, info = generate_source(gm, key)
+        src, info = generate_source(gm, key, opts)
         put_text("wrapper", key, src)
         if info["fallbacks"]:
             log.info("ATen fallbacks: %s", ", ".join(sorted(set(info["fallbacks"]))))

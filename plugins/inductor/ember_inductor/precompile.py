@@ -88,6 +88,13 @@ def _cpp_sources(src: str) -> list[str]:
 def ember_precompile_graph(backend: str, name: str, gm: Any, compiled: Any,
                            options: dict) -> "tuple[str, dict[str, bytes]] | None":
     """Write one graph compiled by inductor into a precompiled artifact (see the module doc)."""
+    # a training forward of a graph with convolutions generates late (layout.DeferredForward);
+    # the source below is regenerated from ``options`` as given, with eager's strides on the
+    # saved activations, and its backward's likewise: the pair stays consistent
+    from .layout import DeferredForward
+
+    if isinstance(compiled, DeferredForward) and compiled.fn is not None:
+        compiled = compiled.fn
     if not _is_wrapper_call(compiled):
         return None
     from ember.precompile.codegen import tensor_literal

@@ -77,6 +77,11 @@ def _is_size_op(target: Any) -> bool:
 _ASSERT_OPS = {torch.ops.aten._assert_scalar.default}
 
 
+def _layout_ops() -> Any:
+    from ..layout import LAYOUT_OPS
+    return LAYOUT_OPS
+
+
 class GraphLowering:
     def __init__(self, gm: torch.fx.GraphModule):
         self.gm = gm
@@ -97,6 +102,9 @@ class GraphLowering:
         self.arg_names: list[str] = []
         self.sym_bindings: dict[str, str] = {}
         self._placeholders: list[tuple[str, Any]] = []
+        # channels-last layouts for graphs with convolutions (ember_inductor.layout); None: off
+        self.layout_plan: Any = None
+        self._layout_copies: dict[tuple[Any, ...], IRNode] = {}
 
     # -- naming / realizing ----------------------------------------------------------------
     def new_name(self, prefix: str = "buf") -> str:
@@ -232,7 +240,13 @@ class GraphLowering:
                 return to_expr(meta)  # a size (or int) argument: bound in the wrapper
             if not isinstance(meta, torch.Tensor):
                 raise Unsupported(f"non-tensor graph input {node.name}")
-            buf = InputBuffer(name, layout_of(meta), len(self.inputs))
+            layout = layout_of(meta)
+            plan = self.layout_plan
+            if plan is not None and len(self.arg_names) - 1 in plan.input_strides:
+                # the producer (a training forward) stores this input in another layout
+                layout = Layout(layout.size, plan.input_strides[len(self.arg_names) - 1],
+                                layout.dtype, layout.device, layout.offset)
+            buf = InputBuffer(name, layout, len(self.inputs))
             self.inputs.append(buf)
             return buf
         if node.op == "get_attr":
@@ -245,13 +259,16 @@ class GraphLowering:
         if node.op == "output":
             outs = node.args[0]
             flat = outs if isinstance(outs, (list, tuple)) else [outs]
-            for o in flat:
+            for pos, o in enumerate(flat):
                 if not isinstance(o, torch.fx.Node):
                     self.outputs.append(o)
                     continue
                 v = self.env[o]
                 if isinstance(v, IRNode) and not isinstance(v, NoneValue):
-                    v = self.realize_like_meta(v, o.meta.get("val"))
+                    if self.layout_plan is not None:
+                        v = self._layout_output(pos, v, o.meta.get("val"))
+                    else:
+                        v = self.realize_like_meta(v, o.meta.get("val"))
                 self.outputs.append(v)
             return None
         if node.op != "call_function":
@@ -284,6 +301,12 @@ class GraphLowering:
             self._cse[key] = node
         args = pytree.tree_map(self._env_lookup, node.args)
         kwargs = pytree.tree_map(self._env_lookup, node.kwargs)
+        if self.layout_plan is not None and node.target in _layout_ops():
+            from ..layout import lower_with_layout
+
+            result = lower_with_layout(self, self.layout_plan, node, args, kwargs)
+            if result is not None:
+                return result
         if node.target is operator.getitem:
             return self._maybe_realize(node, args[0][args[1]])
         fn = LOWERINGS.get(node.target)
@@ -352,7 +375,9 @@ class GraphLowering:
     def _realize_like_nodes(self, nodes: Any, values: Any) -> Any:
         if isinstance(nodes, torch.fx.Node):
             if isinstance(values, (Pointwise, Reduction)):
-                return self.realize_like_meta(values, nodes.meta.get("val"))
+                values = self.realize_like_meta(values, nodes.meta.get("val"))
+            if self.layout_plan is not None:
+                values = self._eager_layout(values, nodes.meta.get("val"))
             return values
         if isinstance(nodes, (list, tuple)) and isinstance(values, (list, tuple)):
             return type(values)(self._realize_like_nodes(n, v) for n, v in zip(nodes, values))
@@ -365,11 +390,40 @@ class GraphLowering:
 
     def _maybe_realize(self, node: torch.fx.Node, value: Any) -> Any:
         if isinstance(value, Reduction):
-            return self.realize_like_meta(value, node.meta.get("val"))
+            return self._realize_node(value, node.meta.get("val"))
         if not isinstance(value, Pointwise):
             return value
         n_users = len(node.users)
         if value.op_count() > MAX_INLINE_OPS or (n_users > 1 and
                                                  value.op_count() > INLINE_MULTI_USE_OPS):
-            return self.realize_like_meta(value, node.meta.get("val"))
+            return self._realize_node(value, node.meta.get("val"))
         return value
+
+    # -- layouts (see ember_inductor.layout) ------------------------------------------------------
+    def _realize_node(self, value: IRNode, meta: Any) -> IRNode:
+        """Store a node's value: in the layout plan's preferred strides, else like its meta."""
+        plan = self.layout_plan
+        if plan is not None:
+            stride = plan.preferred_stride(meta)
+            if stride is not None and list(value.get_size()) == list(meta.shape):
+                return self.realize(value, list(stride))
+        return self.realize_like_meta(value, meta)
+
+    def _eager_layout(self, value: Any, meta: Any) -> Any:
+        """``value`` in the layout its metadata describes (a copy, made once, when the layout
+        plan stored it channels-last)."""
+        if not self.layout_plan.is_changed(value, meta):
+            return value
+        stride = tuple(dense_stride(list(meta.shape), list(meta.stride())))
+        return self.layout_plan.copy_to(self, value, stride)
+
+    def _layout_output(self, pos: int, value: IRNode, meta: Any) -> IRNode:
+        """A graph output: with eager's strides, or channels-last where the plan keeps it so
+        (a training forward's saved activations, read by its backward)."""
+        plan = self.layout_plan
+        if pos in plan.keep_outputs and plan.preferred_stride(meta) is not None:
+            if isinstance(value, (Pointwise, Reduction)):
+                value = self.realize(value, list(plan.preferred_stride(meta)))
+            return plan.to_channels_last(self, value)
+        value = self._eager_layout(self.realize_like_meta(value, meta), meta)
+        return plan.exact_strides(value, meta)

@@ -1,0 +1,438 @@
+"""Layout optimisation for convolution graphs: channels-last activations.
+
+oneDNN (mkldnn) runs 2-d convolutions on CPUs much faster on channels-last (NHWC) tensors than on
+contiguous (NCHW) ones, forward and backward, and ATen's convolution returns a channels-last
+result for a channels-last input. A graph with 2-d convolutions is therefore lowered with every
+4-d floating-point value it stores in channels-last memory (:class:`LayoutPlan`):
+
+* convolution inputs and weights are realized channels-last (a lazy pointwise value is stored
+  that way at no cost; a stored value in another layout is copied once);
+* the convolution's (and its backward's) results are declared channels-last, which is what ATen
+  returns for channels-last inputs (checked by tests over strides, kernels, groups, dilations);
+* pointwise values and reductions read any layout; values the graph stores (batch-norm + ReLU
+  epilogues, residual adds) are stored channels-last too, so no copy sits between two
+  convolutions;
+* anything that must see eager's strides gets them: an ATen fallback or extern kernel other than
+  convolution reads a copy in the layout the graph's metadata describes, and every graph output
+  is stored with eager's strides, except the activations a training forward saves for its own
+  backward (below).
+
+Training: the forward's saved activations go straight into the backward. Saving them
+channels-last avoids a copy in each direction, but the backward must know. The AOT compiler
+compiles the forward, then the backward of the same graph (their context graph ids differ in the
+kind only); so the forward's code generation waits (:class:`DeferredForward`) until its backward
+is compiled: the backward's context says how many of its leading inputs are saved values, the
+forward is generated with those outputs channels-last, and the backward is generated with those
+inputs in the forward's layout. A forward called before any backward of its graph was compiled
+generates with eager's strides on every output.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from typing import Any, Callable, Sequence
+
+import torch
+
+__all__ = ["LayoutPlan", "plan_for", "channels_last_stride", "DeferredForward",
+           "defer_forward", "take_forward", "CONV_OPS", "LAYOUT_OPS", "lower_with_layout"]
+
+log = logging.getLogger("ember.inductor.layout")
+
+aten = torch.ops.aten
+
+CONV_OPS = (aten.convolution.default, aten.convolution_backward.default)
+
+#: ``conv``: convolutions (forward or backward) lowered channels-last; ``var_mean``: one-pass
+#: channel statistics; ``paired``: training forwards generated with their backward's knowledge;
+#: ``saved_channels_last``: saved activations handed channels-last from forward to backward
+counters: Counter[str] = Counter()
+
+#: dtypes whose 2-d convolution returns channels-last results for channels-last inputs (checked
+#: by tests/inductor/test_layout.py); bfloat16/float16 are left alone
+_DTYPES = (torch.float32, torch.float64)
+
+
+def channels_last_stride(size: Sequence[Any]) -> tuple[int, ...]:
+    n, c, h, w = size
+    return (c * h * w, 1, w * c, c)
+
+
+def _same(size: Sequence[Any], a: Sequence[Any], b: Sequence[Any]) -> bool:
+    """Equal strides, ignoring size-1 dims (any stride is equivalent there)."""
+    return len(a) == len(b) and all(s == 1 or x == y for s, x, y in zip(size, a, b))
+
+
+def _static_4d(meta: Any) -> bool:
+    return (isinstance(meta, torch.Tensor) and meta.dim() == 4 and meta.dtype in _DTYPES
+            and meta.layout == torch.strided
+            and all(isinstance(s, int) for s in (*meta.shape, *meta.stride())))
+
+
+def _conv2d(node: torch.fx.Node) -> bool:
+    if node.op != "call_function" or node.target not in CONV_OPS:
+        return False
+    if node.target is aten.convolution.default:
+        x, transposed = node.args[0], node.args[6]
+    else:
+        x, transposed = node.args[1], node.args[7]
+    return (not transposed and isinstance(x, torch.fx.Node) and _static_4d(x.meta.get("val"))
+            and x.meta["val"].device.type == "cpu")
+
+
+def wants_channels_last(gm: torch.fx.GraphModule) -> bool:
+    return any(_conv2d(n) for n in gm.graph.nodes)
+
+
+class LayoutPlan:
+    """The layout decisions of one graph.
+
+    ``keep_outputs``: output positions that may stay channels-last (a training forward's saved
+    activations); ``input_strides``: placeholder position -> the strides its tensor really has
+    (a training backward's saved inputs, as the forward stored them). ``out_strides`` is filled
+    while lowering: output position -> the strides the output was stored with."""
+
+    def __init__(self, keep_outputs: Sequence[int] = (),
+                 input_strides: dict[int, tuple[int, ...]] | None = None):
+        self.keep_outputs = frozenset(keep_outputs)
+        self.input_strides = dict(input_strides or {})
+        self.out_strides: dict[int, tuple[int, ...]] = {}
+
+    def key(self) -> str:
+        return repr((sorted(self.keep_outputs), sorted(self.input_strides.items())))
+
+    # -- decisions ---------------------------------------------------------------------------
+    @staticmethod
+    def preferred_stride(meta: Any) -> tuple[int, ...] | None:
+        """Channels-last strides for a 4-d float value the graph stores, else None."""
+        if not _static_4d(meta):
+            return None
+        return channels_last_stride(meta.shape)
+
+    @staticmethod
+    def is_changed(value: Any, meta: Any) -> bool:
+        """Is ``value`` (a stored IR value) in a layout other than the one its metadata (eager)
+        describes, because this plan made it channels-last?"""
+        from .ir import _LaidOut
+
+        if not isinstance(value, _LaidOut) or not _static_4d(meta):
+            return False
+        lay = value.layout
+        size = tuple(meta.shape)
+        if tuple(lay.size) != size:
+            return False
+        return (_same(size, lay.stride, channels_last_stride(size))
+                and not _same(size, lay.stride, meta.stride()))
+
+    @staticmethod
+    def exact_strides(value: Any, meta: Any) -> Any:
+        """A stored 4-d ``value`` whose strides equal ``meta``'s but for size-1 dims, viewed with
+        exactly ``meta``'s strides (an output must have eager's strides, size-1 dims too)."""
+        from .ir import Layout, ReinterpretView, _LaidOut
+
+        if not isinstance(value, _LaidOut) or not _static_4d(meta):
+            return value
+        lay, want = value.layout, tuple(meta.stride())
+        if (tuple(lay.stride) == want or tuple(lay.size) != tuple(meta.shape)
+                or not _same(lay.size, lay.stride, want)):
+            return value
+        return ReinterpretView(value.storage(), Layout(lay.size, want, lay.dtype, lay.device,
+                                                       lay.offset))
+
+    # -- lowering helpers --------------------------------------------------------------------
+    @staticmethod
+    def copy_to(g: Any, value: Any, stride: Sequence[Any]) -> Any:
+        """``value`` stored with ``stride`` (a copy unless it already is)."""
+        from .ir import Pointwise, _LaidOut
+
+        size = list(value.get_size())
+        if isinstance(value, _LaidOut):
+            if _same(size, value.layout.stride, stride) and value.layout.offset == 0:
+                return value
+            # one copy per stored value and layout, however many consumers
+            key = (value.storage().name, tuple(value.layout.stride), value.layout.offset,
+                   tuple(stride))
+            done = g._layout_copies.get(key)
+            if done is None:
+                src = Pointwise(value.device, value.dtype, size, value.make_loader(), 1,
+                                origins=["layout_copy"])
+                done = g._layout_copies[key] = g.realize(src, list(stride))
+            return done
+        return g.realize(value, list(stride))
+
+    def to_channels_last(self, g: Any, value: Any) -> Any:
+        return self.copy_to(g, value, channels_last_stride(value.get_size()))
+
+
+def plan_for(gm: torch.fx.GraphModule, options: dict[str, Any]) -> LayoutPlan | None:
+    """The plan for ``gm`` (None: no convolution, or ``options["layout_opt"]`` is False)."""
+    if not options.get("layout_opt", True) or not wants_channels_last(gm):
+        return None
+    lay = options.get("_layout") or {}
+    return LayoutPlan(lay.get("keep", ()), lay.get("inputs"))
+
+
+# -- lowering of the convolutions --------------------------------------------------------------
+
+def lower_conv(g: Any, plan: LayoutPlan, node: torch.fx.Node, args: Sequence[Any],
+               kwargs: dict[str, Any]) -> Any:
+    """aten.convolution / convolution_backward with channels-last operands and results; None
+    when the node is not a 2-d convolution this plan handles (the caller falls back)."""
+    from .ir import ExternKernel, IRNode, Layout, MultiOutput, NoneValue
+
+    if kwargs or not _conv2d(node):
+        return None
+    args = list(args)
+    origins = [node.name]
+    meta = node.meta.get("val")
+    if node.target is aten.convolution.default:
+        x, w = args[0], args[1]
+        if not isinstance(x, IRNode) or not isinstance(w, IRNode) or len(w.get_size()) != 4:
+            return None
+        # the weight stays as it is: ATen's result is channels-last for a channels-last
+        # input whatever the weight's layout, and a weight copy per call buys little
+        args[0] = plan.to_channels_last(g, x)
+        args[1] = g.realize(w)
+        if isinstance(args[2], IRNode) and not isinstance(args[2], NoneValue):
+            args[2] = g.realize(args[2])
+        size = tuple(meta.shape)
+        buf = ExternKernel(g.new_name(), Layout(size, channels_last_stride(size), meta.dtype,
+                                                meta.device), node.target, args, {}, "extern",
+                           origins)
+        g.operations.append(buf)
+        counters["conv"] += 1
+        return buf
+    go, x, w = args[0], args[1], args[2]
+    if not all(isinstance(a, IRNode) for a in (go, x, w)) or len(w.get_size()) != 4:
+        return None
+    args[0] = plan.to_channels_last(g, go)
+    args[1] = plan.to_channels_last(g, x)
+    args[2] = g.realize(w)
+    parent = ExternKernel(g.new_name(), None, node.target, args, {}, "extern", origins)
+    g.operations.append(parent)
+    outs: list[Any] = []
+    for i, m in enumerate(meta):
+        if m is None:
+            outs.append(NoneValue())
+            continue
+        size = tuple(m.shape)
+        stride = channels_last_stride(size) if i < 2 else tuple(m.stride())
+        mo = MultiOutput(g.new_name(), Layout(size, stride, m.dtype, m.device), parent, (i,))
+        g.operations.append(mo)
+        outs.append(mo)
+    counters["conv"] += 1
+    return tuple(outs)
+
+
+def lower_var_mean(g: Any, plan: LayoutPlan, node: torch.fx.Node, args: Sequence[Any],
+                   kwargs: dict[str, Any]) -> Any:
+    """Per-channel ``var_mean`` of a channels-last 4-d float32 value (batch-norm statistics in
+    training): one pass, summing ``x`` and ``x*x`` in float64, instead of a mean pass and a
+    centered pass. Both sums share one loop over the input, channels innermost (vectorized
+    accumulator tiles), where the two-pass form walks the input twice with a stride of C.
+    float64 sums of float32 values and squares are exact to ~1e-16 relative, so
+    ``E[x^2] - E[x]^2`` in float64 loses nothing that matters at float32 unless
+    ``mean^2 / var`` exceeds ~1e8 (then the centered form in float32 is no better)."""
+    from .ir import Pointwise, Reduction, _LaidOut
+    from .virtualized import ops
+
+    x = args[0] if args else None
+    dims = args[1] if len(args) > 1 else kwargs.get("dim")
+    correction = kwargs.get("correction", 1)
+    keepdim = kwargs.get("keepdim", False)
+    if len(args) > 2 or set(kwargs) - {"dim", "correction", "keepdim"}:
+        return None
+    arg0 = node.args[0] if node.args else None
+    meta = arg0.meta.get("val") if isinstance(arg0, torch.fx.Node) else None
+    if (not _static_4d(meta) or meta.dtype != torch.float32 or not isinstance(x, IRNodeT())
+            or list(x.get_size()) != list(meta.shape)
+            or not isinstance(correction, int) or isinstance(correction, bool)):
+        return None
+    if sorted(d % 4 for d in (dims or ())) != [0, 2, 3]:
+        return None
+    n_, c_, h_, w_ = meta.shape
+    count = n_ * h_ * w_
+    if count - correction <= 0 or c_ < 2:
+        return None
+    if isinstance(x, Pointwise):
+        x = g.realize(x, list(channels_last_stride(meta.shape)))
+    if not isinstance(x, _LaidOut) or not _same(meta.shape, x.layout.stride,
+                                                 channels_last_stride(meta.shape)):
+        return None
+    f64 = torch.float64
+    load = x.make_loader()
+
+    # per image and channel first (loops [N, C] outside, [H, W] inside: a group of its own,
+    # channels innermost), then over the images (small; joins the statistics' epilogue)
+    def sums(square: bool) -> Any:
+        def inner(idx: Sequence[Any], ridx: Sequence[Any]) -> Any:
+            v = ops.to_dtype(load([idx[0], idx[1], ridx[0], ridx[1]]), f64)
+            return ops.mul(v, v) if square else v
+        part = g.realize(Reduction(x.device, f64, [n_, c_], [h_, w_], "sum", inner, f64,
+                                   origins=["var_mean"]))
+        pl = part.make_loader()
+        red = Reduction(x.device, f64, [1, c_, 1, 1], [n_], "sum",
+                        lambda idx, ridx: pl([ridx[0], idx[1]]), f64, origins=["var_mean"])
+        return g.realize(red)
+
+    s1, s2 = sums(False), sums(True)
+    l1, l2 = s1.make_loader(), s2.make_loader()
+    def c(v: float) -> Any:
+        return ops.constant(v, f64)
+
+    def mean_at(i: Sequence[Any]) -> Any:
+        return ops.truediv(l1(i), c(float(count)))
+
+    def var_at(i: Sequence[Any]) -> Any:
+        m = mean_at(i)
+        v = ops.sub(ops.truediv(l2(i), c(float(count))), ops.mul(m, m))
+        v = ops.maximum(v, c(0.0))
+        if correction:
+            v = ops.mul(v, c(count / (count - correction)))
+        return v
+
+    if keepdim:
+        shape = [1, c_, 1, 1]
+
+        def at(i: Sequence[Any]) -> list[Any]:
+            return list(i)
+    else:
+        shape = [c_]
+
+        def at(i: Sequence[Any]) -> list[Any]:
+            return [0, i[0], 0, 0]
+    var = Pointwise(x.device, torch.float32, shape,
+                    lambda i: ops.to_dtype(var_at(at(i)), torch.float32), 6, origins=["var_mean"])
+    mean = Pointwise(x.device, torch.float32, shape,
+                     lambda i: ops.to_dtype(mean_at(at(i)), torch.float32), 2,
+                     origins=["var_mean"])
+    counters["var_mean"] += 1
+    # stored once per channel (every element of the normalization reads them)
+    return (g.realize(var), g.realize(mean))
+
+
+def IRNodeT() -> Any:
+    from .ir import IRNode
+    return IRNode
+
+
+def lower_with_layout(g: Any, plan: LayoutPlan, node: torch.fx.Node, args: Sequence[Any],
+                      kwargs: dict[str, Any]) -> Any:
+    if node.target is aten.var_mean.correction:
+        return lower_var_mean(g, plan, node, args, kwargs)
+    return lower_conv(g, plan, node, args, kwargs)
+
+
+LAYOUT_OPS = (*CONV_OPS, aten.var_mean.correction)
+
+
+# -- training: the forward waits for its backward ------------------------------------------------
+
+_pending: dict[str, "DeferredForward"] = {}
+_lock = threading.Lock()
+
+
+def _pair_key(graph_id: str, kind: str) -> str:
+    """``m_f_3_0.forward2`` and ``m_f_3_0.backward2`` -> the same key."""
+    stem, _, last = graph_id.rpartition(".")
+    return f"{stem}.{last.replace(kind, '', 1)}" if last.startswith(kind) else graph_id
+
+
+class DeferredForward:
+    """A training forward whose code is generated when its backward is compiled (or, failing
+    that, on its first call, with eager's strides on every output)."""
+
+    def __init__(self, compile_fn: Callable[..., Any], gm: torch.fx.GraphModule,
+                 example_inputs: Sequence[Any], context: Any, options: dict[str, Any]):
+        self._compile_fn = compile_fn
+        self.gm = gm
+        self._example = list(example_inputs)
+        self._context = context
+        self._options = dict(options)
+        self.fn: Callable[..., Any] | None = None
+        self.saved_strides: dict[int, tuple[int, ...]] = {}
+
+    def n_outputs(self) -> int:
+        out = next(n for n in reversed(self.gm.graph.nodes) if n.op == "output")
+        res = out.args[0]
+        return len(res) if isinstance(res, (list, tuple)) else 1
+
+    def output_metas(self) -> list[Any]:
+        out = next(n for n in reversed(self.gm.graph.nodes) if n.op == "output")
+        res = out.args[0]
+        res = res if isinstance(res, (list, tuple)) else [res]
+        return [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in res]
+
+    def generate(self, keep: Sequence[int] = ()) -> dict[int, tuple[int, ...]]:
+        """Compile now; ``keep``: output positions that may stay channels-last. Returns the
+        strides each kept output was stored with."""
+        plan_opts = {**self._options, "_layout": {"keep": tuple(sorted(keep))},
+                     "_layout_final": True}
+        fn = self._compile_fn(self.gm, self._example, context=self._context, **plan_opts)
+        # a kept output is always stored channels-last (a copy where its value is not)
+        metas = self.output_metas()
+        self.saved_strides = {p: channels_last_stride(metas[p].shape) for p in keep}
+        self.fn = fn
+        self._example = []  # the example inputs are not needed any more
+        return self.saved_strides
+
+    def __call__(self, *args: Any) -> Any:
+        if self.fn is None:
+            with _lock:
+                _pending.pop(_pair_key(getattr(self._context, "graph_id", ""), "forward"), None)
+            self.generate(())
+        return self.fn(*args)  # type: ignore[misc]
+
+
+def defer_forward(compile_fn: Callable[..., Any], gm: torch.fx.GraphModule,
+                  example_inputs: Sequence[Any], context: Any,
+                  options: dict[str, Any]) -> DeferredForward:
+    d = DeferredForward(compile_fn, gm, example_inputs, context, options)
+    with _lock:
+        _pending[_pair_key(context.graph_id, "forward")] = d
+    return d
+
+
+def take_forward(context: Any, gm: torch.fx.GraphModule) -> dict[int, tuple[int, ...]] | None:
+    """For a backward graph: generate its pending forward with the saved activations
+    channels-last; return {backward input position: strides} for the backward's inputs that
+    the forward stores in a layout other than their metadata's (None: no pending forward)."""
+    with _lock:
+        fw = _pending.pop(_pair_key(context.graph_id, "backward"), None)
+    if fw is None or fw.fn is not None:
+        return None
+    n_saved = sum(1 for i in context.inputs if i.kind != "tangent")
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    n_out = fw.n_outputs()
+    metas = fw.output_metas()
+    first = n_out - n_saved
+    ok = 0 <= first and n_saved <= len(placeholders)
+    keep: list[int] = []
+    if ok:
+        for j in range(n_saved):
+            om, im = metas[first + j], placeholders[j].meta.get("val")
+            if isinstance(om, torch.Tensor) != isinstance(im, torch.Tensor):
+                ok = False
+                break
+            if isinstance(om, torch.Tensor):
+                if tuple(om.shape) != tuple(im.shape) or om.dtype != im.dtype:
+                    ok = False
+                    break
+                if LayoutPlan.preferred_stride(im) is not None:
+                    keep.append(first + j)
+    if not ok:
+        log.debug("layout: forward/backward of %s do not pair; eager strides", context.graph_id)
+        fw.generate(())
+        return None
+    strides = fw.generate(keep)
+    counters["paired"] += 1
+    counters["saved_channels_last"] += len(keep)
+    out: dict[int, tuple[int, ...]] = {}
+    for pos, st in strides.items():
+        j = pos - first
+        im = placeholders[j].meta.get("val")
+        if not _same(tuple(im.shape), st, im.stride()):
+            out[j] = tuple(st)
+    return out

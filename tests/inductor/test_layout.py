@@ -1,0 +1,173 @@
+"""Channels-last layouts in graphs with convolutions (ember_inductor/layout.py): results, gradients,
+running statistics and every output's strides exactly as eager's, in inference and training; the
+ATen behaviour the lowering relies on (channels-last results for channels-last inputs); the
+forward/backward pairing that hands saved activations over channels-last."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+
+import pytest
+import torch
+from torch import nn
+
+import ember
+from ember_inductor import layout
+
+CL = torch.channels_last
+
+
+class Block(nn.Module):
+    """conv-bn-relu, a strided 1x1 shortcut, a residual add, pooling; returns a 4-d activation
+    (whose strides must be eager's) and a flattened head."""
+
+    def __init__(self, cin: int = 3, c: int = 8) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, c, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c)
+        self.conv2 = nn.Conv2d(c, 2 * c, 3, stride=2, padding=1, bias=True)
+        self.bn2 = nn.BatchNorm2d(2 * c)
+        self.down = nn.Conv2d(c, 2 * c, 1, stride=2, bias=False)
+        self.fc = nn.Linear(2 * c, 5)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.relu(self.bn1(self.conv1(x)))
+        z = torch.relu(self.bn2(self.conv2(y)) + self.down(y))
+        return z, self.fc(torch.nn.functional.adaptive_avg_pool2d(z, 1).flatten(1))
+
+
+def _pair(seed: int = 0) -> tuple[nn.Module, nn.Module]:
+    torch.manual_seed(seed)
+    m = Block()
+    with torch.no_grad():
+        for bn in (m.bn1, m.bn2):
+            bn.running_mean.uniform_(-0.5, 0.5)
+            bn.running_var.uniform_(0.5, 2.0)
+            bn.weight.uniform_(0.5, 1.5)
+            bn.bias.uniform_(-0.2, 0.2)
+    return m, copy.deepcopy(m)
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
+    assert a.shape == b.shape, what
+    assert a.stride() == b.stride(), f"{what}: strides {a.stride()} != eager's {b.stride()}"
+    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4, msg=what)
+
+
+def test_inference_matches_eager_with_eager_strides() -> None:
+    ref, m = _pair()
+    ref.eval()
+    m.eval()
+    f = ember.compile(m, backend="inductor")
+    x = torch.randn(2, 3, 12, 10)
+    before = layout.counters["conv"]
+    with torch.no_grad():
+        got, want = f(x), ref(x)
+    assert layout.counters["conv"] > before  # the channels-last lowering ran
+    for g, w, name in zip(got, want, ("activation", "head")):
+        _close(g, w, name)
+
+
+def test_channels_last_input_keeps_eager_strides() -> None:
+    ref, m = _pair(1)
+    ref.eval()
+    m.eval()
+    f = ember.compile(m, backend="inductor")
+    x = torch.randn(2, 3, 9, 9).to(memory_format=CL)
+    with torch.no_grad():
+        got, want = f(x), ref(x)
+    _close(got[0], want[0], "activation")
+    _close(got[1], want[1], "head")
+
+
+@pytest.mark.parametrize("offset", [0.0, 50.0])
+def test_training_matches_eager(offset: float) -> None:
+    """Outputs, input and parameter gradients (values and strides) and running statistics over
+    two steps; ``offset`` shifts the input so batch statistics see a large mean."""
+    ref, m = _pair(2)
+    f = ember.compile(m, backend="inductor")
+    paired = layout.counters["paired"]
+    for step in range(2):
+        x1 = (torch.randn(4, 3, 10, 8) + offset).requires_grad_()
+        x2 = x1.detach().clone().requires_grad_()
+        got, want = f(x1), ref(x2)
+        for g, w, name in zip(got, want, ("activation", "head")):
+            _close(g.detach(), w.detach(), f"step {step} {name}")
+        ((got[0] * got[0].detach().sin()).sum() + got[1].square().sum()).backward()
+        ((want[0] * want[0].detach().sin()).sum() + want[1].square().sum()).backward()
+        _close(x1.grad, x2.grad, f"step {step} input grad")
+        for (name, p1), p2 in zip(ref.named_parameters(), m.parameters()):
+            _close(p2.grad, p1.grad, f"step {step} grad {name}")
+            p1.grad = p2.grad = None
+        for (name, b1), b2 in zip(ref.named_buffers(), m.buffers()):
+            torch.testing.assert_close(b2, b1, rtol=1e-4, atol=1e-4, msg=f"buffer {name}")
+    # the forward was generated knowing its backward: saved activations went channels-last
+    assert layout.counters["paired"] > paired
+
+
+def test_layout_opt_off_is_the_same_program_without_channels_last() -> None:
+    ref, m = _pair(3)
+    ref.eval()
+    m.eval()
+    f = ember.compile(m, backend="inductor", options={"layout_opt": False})
+    before = layout.counters["conv"]
+    x = torch.randn(1, 3, 8, 8)
+    with torch.no_grad():
+        got, want = f(x), ref(x)
+    assert layout.counters["conv"] == before
+    _close(got[0], want[0], "activation")
+
+
+def test_forward_called_before_any_backward_compiles_with_eager_strides() -> None:
+    """A deferred training forward with no backward compiled generates on its first call, every
+    output (saved ones included) with eager's strides."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from ember_inductor.compile_fx import compile_inductor
+
+    def fn(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.ops.aten.convolution.default(x, w, None, [1, 1], [1, 1], [1, 1], False,
+                                               [0, 0], 1)
+        return torch.relu(y), y
+
+    x, w = torch.randn(2, 4, 6, 6), torch.randn(5, 4, 3, 3)
+    gm = make_fx(fn)(x, w)
+
+    class Ctx:
+        kind = "forward"
+        graph_id = "test_layout_lonely.forward"
+        inputs = ()
+        mode = None
+
+    d = compile_inductor(gm, [x, w], context=Ctx())
+    assert isinstance(d, layout.DeferredForward)
+    got = d(x, w)
+    want = fn(x, w)
+    for g, e in zip(got, want):
+        _close(g, e, "output")
+
+
+_CONFIGS = list(itertools.product([torch.float32, torch.float64], [1, 3], [1, 2], [1, 2],
+                                  [1, 2], [1, 5]))
+
+
+@pytest.mark.parametrize("dtype,k,stride,groups,dilation,batch", _CONFIGS)
+def test_aten_convolution_is_channels_last_for_channels_last_input(
+        dtype: torch.dtype, k: int, stride: int, groups: int, dilation: int, batch: int) -> None:
+    """What lower_conv declares: for a channels-last input (weight in any layout), ATen's
+    convolution result, and convolution_backward's input and weight gradients, are channels-last."""
+    torch.manual_seed(0)
+    x = torch.randn(batch, 4, 7, 6, dtype=dtype).to(memory_format=CL)
+    w = torch.randn(6, 4 // groups, k, k, dtype=dtype)
+    conv = (None, [stride, stride], [k // 2, k // 2], [dilation, dilation], False, [0, 0], groups)
+    y = torch.ops.aten.convolution.default(x, w, *conv)
+    assert y.stride() == layout.channels_last_stride(y.shape) or y.is_contiguous(
+        memory_format=CL)
+    for go in (torch.randn(y.shape, dtype=dtype).to(memory_format=CL),
+               torch.randn(y.shape, dtype=dtype)):
+        gi, gw, _ = torch.ops.aten.convolution_backward.default(
+            go.to(memory_format=CL), x, w, [6], [stride, stride], [k // 2, k // 2],
+            [dilation, dilation], False, [0, 0], groups, [True, True, True])
+        assert gi.is_contiguous(memory_format=CL)
+        assert gw.is_contiguous(memory_format=CL)
