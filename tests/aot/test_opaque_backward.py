@@ -63,6 +63,31 @@ torch.library.register_autograd(
     setup_context=lambda ctx, inputs, output: setattr(ctx, "s", inputs[1]))
 
 
+def _mutating_backward(ctx, grad):
+    (w,) = ctx.saved_tensors
+    grad = grad.clone()
+    ctx.scale.mul_(1.0)  # changes a tensor the forward saw, then reads a tensor value
+    return grad * w * float(ctx.scale.sum().item()), None
+
+
+def _scaled_by(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return x * scale.sum()
+
+
+torch.library.custom_op("ember_test::scaled_by", _scaled_by, mutates_args=(),
+                        schema="(Tensor x, Tensor scale) -> Tensor")
+torch.library.register_fake("ember_test::scaled_by", lambda x, scale: torch.empty_like(x))
+
+
+def _setup_scaled_by(ctx, inputs, output):
+    ctx.save_for_backward(torch.ones_like(inputs[0]))
+    ctx.scale = inputs[1]
+
+
+torch.library.register_autograd("ember_test::scaled_by", _mutating_backward,
+                                setup_context=_setup_scaled_by)
+
+
 class MoE(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -171,3 +196,41 @@ def test_opaque_backward_through_the_aot_cache(tmp_path, monkeypatch) -> None:
         for a, b in zip(g, ref_g):
             torch.testing.assert_close(a, b)
     assert cache.counters["hits"] == hits + 1, "the warm start did not read the stored graphs"
+
+
+def test_opaque_backward_with_dynamic_sizes(monkeypatch) -> None:
+    """Under dynamic shapes the opaque op's outputs carry the inputs' symbolic sizes: one graph
+    serves every token count."""
+    monkeypatch.setattr(ember.config, "aot_cache", False)
+    torch.manual_seed(0)
+    m = MoE()
+    compiled = ember.compile(m, backend="aot_eager", dynamic=True)
+    ember.reset()
+    for n in (9, 11, 13):
+        x = torch.randn(n, 6, generator=torch.Generator().manual_seed(n))
+        ref, ref_g = _train(m, m, x)
+        out, g = _train(m, compiled, x)
+        torch.testing.assert_close(out, ref)
+        for a, b in zip(g, ref_g):
+            torch.testing.assert_close(a, b)
+    stats = ember.events.counters["stats"]
+    assert stats["graphs"] == 1 and stats["fallbacks"] == 0
+
+
+def test_backward_that_mutated_before_failing_is_not_made_opaque(caplog, monkeypatch) -> None:
+    """A backward that changed an outside tensor before its data-dependent read cannot be
+    replaced (its partial trace would stay): the graph runs eagerly, with eager's results."""
+    monkeypatch.setattr(ember.config, "aot_cache", False)
+
+    def fn(x, s):
+        return torch.ops.ember_test.scaled_by(x * 2, s).sum()
+
+    x, s = torch.randn(4, requires_grad=True), torch.tensor([1.5, 0.5])
+    with caplog.at_level(logging.INFO, logger="ember"):
+        out = ember.compile(fn, backend="aot_eager")(x, s)
+    out.backward()
+    xe = x.detach().clone().requires_grad_()
+    fn(xe, s.clone()).backward()
+    torch.testing.assert_close(x.grad, xe.grad)
+    assert not any("scaled_by cannot be traced" in r.getMessage() for r in caplog.records)
+    assert any("data-dependent" in r.getMessage() for r in caplog.records)

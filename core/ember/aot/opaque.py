@@ -229,10 +229,16 @@ def _wrap(opdef: Any) -> None:
             return orig_backward(ctx, *grads)
         env = _tls.shape_env
         before = set(env.var_to_range) if env is not None else None
+        seen = _visible_tensors(ctx, grads)
+        versions = [t._version for t in seen]
         try:
             return orig_backward(ctx, *grads)
         except Exception as e:
             if not _data_dependent(e):
+                raise
+            if any(t._version != v for t, v in zip(seen, versions)):
+                # the abandoned trace already changed a tensor that outlives it: the recorded
+                # graph is no longer that of a backward that did not run
                 raise
             if before is not None:  # symbols the abandoned trace made belong to no graph
                 _tls.ignored |= {s for s in env.var_to_range if s not in before}
@@ -246,6 +252,23 @@ def _wrap(opdef: Any) -> None:
     backward._ember_orig = orig_backward  # type: ignore[attr-defined]
     opdef._setup_context_fn = setup_context
     opdef._backward_fn = backward
+
+
+def _visible_tensors(ctx: Any, grads: Sequence[Any]) -> list[torch.Tensor]:
+    """Tensors the backward can reach from outside: saved ones, the forward's inputs and
+    outputs, the incoming gradients."""
+    inputs, kwargs, output = getattr(ctx, _FWD)
+    flat = [*grads, *inputs, *kwargs.values(), output]
+    try:
+        flat.extend(ctx.saved_tensors)
+    except RuntimeError:  # saved tensors already freed
+        pass
+    out: list[torch.Tensor] = []
+    for v in flat:
+        for t in (v if isinstance(v, (list, tuple)) else (v,)):
+            if isinstance(t, torch.Tensor) and all(t is not o for o in out):
+                out.append(t)
+    return out
 
 
 def _opaque(ctx: Any, grads: Sequence[Any], qualname: str, kwargs_only: bool) -> Any:
