@@ -34,6 +34,10 @@ Flags (why): ``-O3 -march=native -fopenmp -shared -fPIC -std=c++17`` plus
   the kernels' ``__restrict__``, so a loop over many buffers is vectorized only behind run-time
   overlap checks, and past gcc's default of 10 checks it stays scalar (convnet's fused BatchNorm
   backward loop reads 12 buffers, bert's fused LayerNorm recomputation 24).
+* ``-fno-trapping-math``: floating-point operations are assumed not to trap (they never do in the
+  default environment; results are the same IEEE values): without it gcc keeps a compare-and-select
+  (``x <= 0 ? 0 : g``, ReLU's backward, ``where``) as a branch and the whole loop stays scalar
+  (convnet's BatchNorm+ReLU backward loops).
 * never ``-ffast-math`` (or ``-ffinite-math-only``, ``-funsafe-math-optimizations``): those change
   NaN/infinity handling and reassociate sums, so results would differ from eager.
 """
@@ -82,7 +86,7 @@ FORMAT_VERSION = 1
 
 #: Flags every library is built with (see the module docstring for why each one).
 BASE_FLAGS: tuple[str, ...] = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC",
-                               "-std=c++17", "-ffp-contract=off", "-fno-math-errno",
+                               "-std=c++17", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math",
                                "--param=vect-max-version-for-alias-checks=256")
 
 _NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
