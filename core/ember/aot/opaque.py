@@ -185,6 +185,10 @@ def _op() -> Any:
     global _OP
     if _OP is None:
         with _lock:
+            from torch._library.custom_ops import OPDEFS
+
+            if _OP is None and "ember::custom_op_backward" in OPDEFS:  # module reloaded
+                _OP = OPDEFS["ember::custom_op_backward"]
             if _OP is None:
                 op = torch.library.custom_op("ember::custom_op_backward", _run_backward,
                                              mutates_args=(),
