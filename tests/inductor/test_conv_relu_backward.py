@@ -4,9 +4,17 @@ infinities and signed zeros included."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import ember
+
+
+@pytest.fixture(autouse=True)
+def _strict():
+    """A graph that fails to compile raises (never a silent eager fallback)."""
+    with ember.config.patch(suppress_errors=False):
+        yield
 
 
 def _special(n: int) -> torch.Tensor:

@@ -18,6 +18,13 @@ from ember_inductor import layout
 CL = torch.channels_last
 
 
+@pytest.fixture(autouse=True)
+def _strict():
+    """A graph that fails to compile raises (never a silent eager fallback)."""
+    with ember.config.patch(suppress_errors=False):
+        yield
+
+
 class Block(nn.Module):
     """conv-bn-relu, a strided 1x1 shortcut, a residual add, pooling; returns a 4-d activation
     (whose strides must be eager's) and a flattened head."""
@@ -171,3 +178,39 @@ def test_aten_convolution_is_channels_last_for_channels_last_input(
             [dilation, dilation], False, [0, 0], groups, [True, True, True])
         assert gi.is_contiguous(memory_format=CL)
         assert gw.is_contiguous(memory_format=CL)
+
+
+def test_sink_pure_nodes_moves_recomputation_next_to_its_use() -> None:
+    """Values computed up front (as a training backward recomputes its forward's activations)
+    move down to their first use; random ops stay; the graph computes the same values."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def fn(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        r1 = torch.relu(a) * 2       # used late
+        noise = torch.rand_like(a)   # random: must not move
+        x = torch.mm(b, b)
+        y = torch.mm(x, b)
+        return y + r1, noise
+
+    a, b = torch.randn(4, 4), torch.randn(4, 4)
+    gm = make_fx(fn)(a, b)
+    before = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    moved = layout.sink_pure_nodes(gm)
+    gm.graph.lint()
+    gm.recompile()
+    after = [n for n in gm.graph.nodes if n.op == "call_function"]
+    assert moved >= 2
+    names = [str(n.target) for n in after]
+    # relu and its *2 now come after the second mm, right before the add
+    assert names.index("aten.relu.default") > max(i for i, t in enumerate(names)
+                                                  if t == "aten.mm.default")
+    assert [t for t in before if "rand" in str(t)] == [n.target for n in after
+                                                        if "rand" in str(n.target)]
+    # the random op kept its place among the ops that did not move (the mms)
+    assert names.index("aten.rand_like.default") < names.index("aten.mm.default")
+    torch.manual_seed(0)
+    got = gm(a, b)
+    torch.manual_seed(0)
+    want = fn(a, b)
+    torch.testing.assert_close(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1])

@@ -167,11 +167,42 @@ class LayoutPlan:
 
 
 def plan_for(gm: torch.fx.GraphModule, options: dict[str, Any]) -> LayoutPlan | None:
-    """The plan for ``gm`` (None: no convolution, or ``options["layout_opt"]`` is False)."""
+    """The plan for ``gm`` (None: no convolution, or ``options["layout_opt"]`` is False).
+    Also moves pure nodes next to their first use (:func:`sink_pure_nodes`)."""
     if not options.get("layout_opt", True) or not wants_channels_last(gm):
         return None
+    sink_pure_nodes(gm)
     lay = options.get("_layout") or {}
     return LayoutPlan(lay.get("keep", ()), lay.get("inputs"))
+
+
+def sink_pure_nodes(gm: torch.fx.GraphModule) -> int:
+    """Move each pure node (a lowered, non-random op) down to just before its first user.
+
+    A training backward starts with the forward values it recomputes (BatchNorm + ReLU of every
+    layer, from the saved convolution outputs): stored where they stand, all of them are live
+    from the first kernel on, which sets the step's peak memory. Next to their use, each lives
+    only while its layer's gradients are computed. Returns how many nodes moved; the graph's
+    values are unchanged (its ``code`` is left as traced: the cache key is taken from it)."""
+    from .lowering.registry import EXTERN_OPS, LOWERINGS
+
+    nodes = list(gm.graph.nodes)
+    order = {n: i for i, n in enumerate(nodes)}
+    moved = 0
+    for n in reversed(nodes):
+        if (n.op != "call_function" or not n.users or n.target not in LOWERINGS
+                or n.target in EXTERN_OPS):
+            continue
+        tags = getattr(n.target, "tags", ())
+        if torch.Tag.nondeterministic_seeded in tags or torch.Tag.inplace_view in tags:
+            continue
+        first = min(n.users, key=lambda u: order[u])
+        if first.op == "output" or order[first] == order[n] + 1:
+            continue
+        first.prepend(n)
+        order[n] = (order[n.prev] + order[first]) / 2 if n.prev.op != "root" else -1.0
+        moved += 1
+    return moved
 
 
 # -- lowering of the convolutions --------------------------------------------------------------
