@@ -65,7 +65,7 @@ __all__ = ["enabled", "save", "load", "counters"]
 
 log = logging.getLogger("ember.capture.persist")
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 NAMESPACE = "capture"
 
 #: ``hits`` (entries rebuilt without tracing), ``saved``, ``misses`` (no entry, or one that did not
@@ -528,14 +528,15 @@ def _dumps_graph(gm: fx.GraphModule) -> list[Any]:
             target = n.target
         else:
             raise _Refuse(f"{n.op} node in the captured graph")
-        nodes.append([n.op, n.name, target, _enc(n.args), _enc(dict(n.kwargs))])
+        nodes.append([n.op, n.name, target, _enc(n.args), _enc(dict(n.kwargs)),
+                      n.meta.get("stack_trace")])
     return nodes
 
 
 def _loads_graph(nodes: list[Any]) -> fx.GraphModule:
     g = fx.Graph()
     env: dict[str, fx.Node] = {}
-    for op, name, target, args, kwargs in nodes:
+    for op, name, target, args, kwargs, trace in nodes:
         a, k = _dec(args, env), _dec(kwargs, env)
         if op == "placeholder":
             n = g.placeholder(target)
@@ -557,8 +558,10 @@ def _loads_graph(nodes: list[Any]) -> fx.GraphModule:
             n = g.create_node(op, t, tuple(a), k, name=name)
         if n.name != name:
             raise _Refuse(f"node {name} rebuilt as {n.name}")
+        if isinstance(trace, str):
+            n.meta["stack_trace"] = trace  # the user's file and line, as a capture sets it
         env[name] = n
-    return fx.GraphModule(torch.nn.Module(), g)
+    return fx.GraphModule(torch.nn.Module(), g, class_name="EmberGraph")
 
 
 # --------------------------------------------------------------------------------------------
