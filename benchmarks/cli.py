@@ -67,8 +67,8 @@ def _parser() -> argparse.ArgumentParser:
     dm = sub.add_parser("demo", help="Ember's bundled model: eager vs Ember's inductor vs "
                                      "torch.compile's inductor (speed, accuracy, cold and warm "
                                      "compile in fresh processes)")
-    dm.add_argument("--iters", type=int, default=30, help="interleaved timing iterations")
-    dm.add_argument("--max-seconds", type=float, default=15.0, help="timing budget")
+    dm.add_argument("--iters", type=int, default=200, help="interleaved timing iterations")
+    dm.add_argument("--max-seconds", type=float, default=20.0, help="timing budget")
     dm.add_argument("--no-probes", action="store_true",
                     help="skip the fresh-process cold/warm compile measurements")
 

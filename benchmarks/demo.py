@@ -43,7 +43,7 @@ def _table(rows: list[Row]) -> str:
     return "\n".join([line(head), line(["-" * w for w in widths])] + [line(c) for c in cells])
 
 
-def demo(iters: int = 30, max_seconds: float = 15.0, probes: bool = True) -> int:
+def demo(iters: int = 200, max_seconds: float = 20.0, probes: bool = True) -> int:
     """Print the comparison; 0 when Ember ran its graphs and passed the accuracy check."""
     ember_b = EMBER
     why = availability(EMBER)
@@ -52,8 +52,10 @@ def demo(iters: int = 30, max_seconds: float = 15.0, probes: bool = True) -> int
               "runs the captured ATen graphs as they are)\n", flush=True)
         ember_b = EMBER_FALLBACK
     backends = ["eager", ember_b, PEER]
+    # a ~5 ms step: 200 interleaved iterations (order rotating), the median of each; every
+    # variant warms up 10 calls first (torch.compile's first calls after compiling are slower)
     cfg = RunConfig(device="cpu", mode="infer", backends=backends, models=["demo"], iters=iters,
-                    warmup=3, max_seconds=max_seconds,
+                    warmup=10, max_seconds=max_seconds,
                     compile_probes="cold,warm" if probes else "none",
                     probe_backends=[ember_b, PEER], overhead=False)
     rows, _ = run(cfg)
