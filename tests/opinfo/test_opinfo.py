@@ -85,3 +85,25 @@ def test_opinfo_inplace_variants(backend, monkeypatch):
                 bad.append(f"{case.key}: {r.status}: {r.reason}")
     assert n > 100  # the in-place variants were found
     assert not bad, "\n".join(bad)
+
+
+def test_fp32_error_rule_tells_reordering_from_wrong():
+    """A result that differs from eager float32 only as a reordered float32 computation does is
+    right (PyTorch's float64-reference rule); one that is off by more stays wrong."""
+    kron = OPS["kron"]
+    case = next(sweep.cases_for(kron, 1))
+    ref = sweep._eager_reference(case)
+
+    def reordered(*xs):  # the same op computed in float64 and rounded: closer to the truth
+        out = case.make_fn()(*(x.double() for x in xs))
+        return out.float()
+
+    def off(*xs):
+        out = case.make_fn()(*xs)
+        return out * (1 + 1e-4)
+
+    assert sweep.judge(case, reordered, *ref)[0] == "right"
+    status, reason = sweep.judge(case, off, *ref)
+    assert status == "wrong", reason
+    # inductor's kron gradient sums 200 products in another order than eager: right by the rule
+    assert sweep.run_ember(case, "inductor").status == "right"
