@@ -25,6 +25,15 @@ def _strict():
         yield
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _fresh_cache(tmp_path_factory: pytest.TempPathFactory):
+    """This module's graphs are lowered here (a wrapper from an earlier run's cache would skip
+    the lowering the counters below observe)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("EMBER_CACHE_DIR", str(tmp_path_factory.mktemp("layout_cache")))
+        yield
+
+
 class Block(nn.Module):
     """conv-bn-relu, a strided 1x1 shortcut, a residual add, pooling; returns a 4-d activation
     (whose strides must be eager's) and a flattened head."""
@@ -214,3 +223,61 @@ def test_sink_pure_nodes_moves_recomputation_next_to_its_use() -> None:
     want = fn(a, b)
     torch.testing.assert_close(got[0], want[0])
     torch.testing.assert_close(got[1], want[1])
+
+
+def test_inference_fuses_relu_and_residual_add_into_the_convolution() -> None:
+    """Frozen inference of conv-bn-relu and of relu(conv + shortcut): oneDNN calls with the
+    epilogue fused, values and strides as eager's, also where the shortcut is stored in
+    another layout (the block's input)."""
+
+    class Res(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c1 = nn.Conv2d(6, 6, 3, padding=1)
+            self.b1 = nn.BatchNorm2d(6)
+            self.c2 = nn.Conv2d(6, 6, 3, padding=1, bias=False)
+            self.b2 = nn.BatchNorm2d(6)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = torch.relu(self.b1(self.c1(x)))
+            return torch.relu(self.b2(self.c2(y)) + x)
+
+    torch.manual_seed(0)
+    m = Res().eval()
+    with torch.no_grad():
+        for bn in (m.b1, m.b2):
+            bn.running_mean.uniform_(-0.5, 0.5)
+            bn.running_var.uniform_(0.5, 2.0)
+    ref = copy.deepcopy(m)
+    f = ember.compile(m, backend="inductor")
+    before = dict(layout.counters)
+    for x in (torch.randn(2, 6, 7, 5), torch.randn(2, 6, 7, 5).to(memory_format=CL)):
+        with torch.no_grad():
+            got, want = f(x), ref(x)
+        _close(got, want, "output")
+    if layout._mkldnn_pointwise() is not None:
+        assert layout.counters["conv_relu"] > before.get("conv_relu", 0)
+        assert layout.counters["conv_add_relu"] > before.get("conv_add_relu", 0)
+
+
+@pytest.mark.parametrize("k,stride,groups,batch", list(itertools.product([1, 3], [1, 2], [1, 2],
+                                                                          [1, 3])))
+def test_mkldnn_pointwise_convolution_is_channels_last_and_matches(k: int, stride: int,
+                                                                 groups: int, batch: int) -> None:
+    """What the fused epilogue relies on: oneDNN's fused convolution returns a channels-last
+    result for a channels-last input, equal to relu(conv(x) [+ other]) computed apart."""
+    op = layout._mkldnn_pointwise()
+    if op is None:
+        pytest.skip("this torch has no oneDNN")  # the lowering then never emits the op
+    torch.manual_seed(0)
+    x = torch.randn(batch, 4, 7, 6).to(memory_format=CL)
+    w, b = torch.randn(6, 4 // groups, k, k), torch.randn(6)
+    y = torch.ops.aten.convolution.default(x, w, b, [stride] * 2, [k // 2] * 2, [1, 1], False,
+                                           [0, 0], groups)
+    other = torch.randn(y.shape).to(memory_format=CL)
+    common = ([k // 2] * 2, [stride] * 2, [1, 1], groups)
+    u = op.default(x, w, b, *common, "relu", [], None)
+    v = op.binary(x, other, w, b, *common, "add", None, "relu", [], None)
+    assert u.is_contiguous(memory_format=CL) and v.is_contiguous(memory_format=CL)
+    torch.testing.assert_close(u, torch.relu(y), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(v, torch.relu(y + other), rtol=1e-5, atol=1e-5)

@@ -99,6 +99,8 @@ class LayoutPlan:
         self.keep_outputs = frozenset(keep_outputs)
         self.input_strides = dict(input_strides or {})
         self.out_strides: dict[int, tuple[int, ...]] = {}
+        # fx ReLU node -> the convolution that computed it with the ReLU fused in
+        self.fused: dict[Any, Any] = {}
 
     def key(self) -> str:
         return repr((sorted(self.keep_outputs), sorted(self.input_strides.items())))
@@ -229,9 +231,11 @@ def lower_conv(g: Any, plan: LayoutPlan, node: torch.fx.Node, args: Sequence[Any
         if isinstance(args[2], IRNode) and not isinstance(args[2], NoneValue):
             args[2] = g.realize(args[2])
         size = tuple(meta.shape)
-        buf = ExternKernel(g.new_name(), Layout(size, channels_last_stride(size), meta.dtype,
-                                                meta.device), node.target, args, {}, "extern",
-                           origins)
+        layout = Layout(size, channels_last_stride(size), meta.dtype, meta.device)
+        fused = _relu_epilogue(g, plan, node, args, layout, origins)
+        if fused is not None:
+            return fused
+        buf = ExternKernel(g.new_name(), layout, node.target, args, {}, "extern", origins)
         g.operations.append(buf)
         counters["conv"] += 1
         return buf
@@ -255,6 +259,66 @@ def lower_conv(g: Any, plan: LayoutPlan, node: torch.fx.Node, args: Sequence[Any
         outs.append(mo)
     counters["conv"] += 1
     return tuple(outs)
+
+
+def _single_user(node: torch.fx.Node, target: Any) -> torch.fx.Node | None:
+    if len(node.users) != 1:
+        return None
+    (u,) = node.users
+    return u if u.op == "call_function" and u.target is target else None
+
+
+def _mkldnn_pointwise() -> Any:
+    if not torch.backends.mkldnn.is_available():
+        return None
+    return getattr(getattr(torch.ops, "mkldnn", None), "_convolution_pointwise", None)
+
+
+def _relu_epilogue(g: Any, plan: LayoutPlan, node: torch.fx.Node, args: list[Any],
+                   layout: Any, origins: list[str]) -> Any:
+    """``relu(conv(x))`` and ``relu(conv(x) + other)``, where the convolution's result has no
+    other use, as one oneDNN call with the epilogue fused (``mkldnn._convolution_pointwise``,
+    unary "relu" or binary "add" then "relu"): no separate pass over the result, no second
+    buffer. Exact: ReLU, and the one addition, round as in eager (IEEE addition commutes).
+    The fused result is what the ReLU node lowers to (``plan.fused``)."""
+    from .ir import ExternKernel, IRNode, NoneValue
+
+    op = _mkldnn_pointwise()
+    if op is None or layout.dtype != torch.float32:
+        return None
+    x, w, b, stride, padding, dilation, transposed, out_pad, groups = args
+    if transposed or any(p != 0 for p in out_pad) or not isinstance(groups, int):
+        return None
+    if isinstance(b, NoneValue):
+        b = None
+    relu = _single_user(node, aten.relu.default)
+    other = None
+    if relu is None:
+        add = _single_user(node, aten.add.Tensor)
+        if add is None or add.kwargs or len(add.args) != 2:
+            return None
+        relu = _single_user(add, aten.relu.default)
+        peer = add.args[1] if add.args[0] is node else add.args[0]
+        if relu is None or peer is node or not isinstance(peer, torch.fx.Node):
+            return None
+        pm = peer.meta.get("val")
+        other = g.env.get(peer)
+        if (not _static_4d(pm) or pm.dtype != torch.float32 or tuple(pm.shape) != layout.size
+                or not isinstance(other, IRNode) or isinstance(other, NoneValue)):
+            return None
+        other = plan.to_channels_last(g, other)
+    common = [list(padding), list(stride), list(dilation), groups]
+    if other is None:
+        call, cargs = op.default, [x, w, b, *common, "relu", [], None]
+    else:
+        call, cargs = op.binary, [x, other, w, b, *common, "add", None, "relu", [], None]
+    buf = ExternKernel(g.new_name(), layout, call, cargs, {}, "extern",
+                       origins + [relu.name])
+    g.operations.append(buf)
+    plan.fused[relu] = buf
+    counters["conv"] += 1
+    counters["conv_relu" if other is None else "conv_add_relu"] += 1
+    return buf
 
 
 def lower_var_mean(g: Any, plan: LayoutPlan, node: torch.fx.Node, args: Sequence[Any],
@@ -351,12 +415,16 @@ def IRNodeT() -> Any:
 
 def lower_with_layout(g: Any, plan: LayoutPlan, node: torch.fx.Node, args: Sequence[Any],
                       kwargs: dict[str, Any]) -> Any:
+    if node.target is aten.relu.default or node.target is aten.add.Tensor:
+        # the ReLU of a fused convolution epilogue (the add in between lowers as usual and,
+        # unused, is dropped)
+        return plan.fused.get(node)
     if node.target is aten.var_mean.correction:
         return lower_var_mean(g, plan, node, args, kwargs)
     return lower_conv(g, plan, node, args, kwargs)
 
 
-LAYOUT_OPS = (*CONV_OPS, aten.var_mean.correction)
+LAYOUT_OPS = (*CONV_OPS, aten.var_mean.correction, aten.relu.default)
 
 
 # -- training: the forward waits for its backward ------------------------------------------------
