@@ -173,3 +173,20 @@ def test_training_graph_still_correct() -> None:
     m(x).sum().backward()
     for g, p in zip(got, m.parameters()):
         assert_same(g, p.grad, atol=1e-4, rtol=1e-4)
+
+
+def test_wrapper_snapshot() -> None:
+    """The wrapper's ``call`` (Python only; the C++ is covered by test_snapshots) for the
+    DemoModel's attention block must match ``snapshots/attention_block.call.txt``. After an
+    intended change: ``EMBER_UPDATE_SNAPSHOTS=1 pytest tests/inductor/test_wrapper_attention.py``."""
+    import os
+    from pathlib import Path
+
+    x, w = _inputs()
+    fn = lambda x, w: (_attention(x, w),)  # noqa: E731
+    src, gm = _source(fn, x, w)
+    body = "def call(" + src.split("\ndef call(", 1)[1]
+    path = Path(__file__).parent / "snapshots" / "attention_block.call.txt"
+    if os.environ.get("EMBER_UPDATE_SNAPSHOTS") == "1" or not path.exists():
+        path.write_text(body)
+    assert body == path.read_text(), f"the wrapper's call changed; see {path}"
