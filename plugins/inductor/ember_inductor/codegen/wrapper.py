@@ -60,6 +60,17 @@ def _tuple(xs: Any) -> str:
     return "(" + ", ".join(xs) + ("," if len(xs) == 1 else "") + ")"
 
 
+def _same_layout(a: Any, b: Any) -> bool:
+    """Same sizes, strides, offset and dtype (sympy-equal expressions for symbolic ones)."""
+    try:
+        return (len(a.size) == len(b.size) and a.dtype == b.dtype
+                and all(sympy.sympify(x - y) == 0 for x, y in zip(a.size, b.size))
+                and all(sympy.sympify(x - y) == 0 for x, y in zip(a.stride, b.stride))
+                and sympy.sympify(a.offset) == 0 and sympy.sympify(b.offset) == 0)
+    except (TypeError, AttributeError):
+        return False
+
+
 class WrapperWriter:
     def __init__(self, graph: Any, sched: Scheduler, cpp_sources: list[str], key: str):
         self.g = graph
@@ -150,6 +161,9 @@ class WrapperWriter:
         keep = set(s.output_names) | {b.name for b in g.inputs} | set(g.constants)
         # dead buffers whose storage a later buffer of the same dtype and extent takes over
         reuse, held = plan_buffer_reuse(s.steps, self._by_name, last, keep)
+        # buffers a C++ region writes: allocated here in their declared layout (an ATen call's
+        # result may come back with other strides than its metadata's, so it is always viewed)
+        region_writes = {n for st in s.steps if isinstance(st, CppRegion) for n in st.writes}
         for i, st in enumerate(s.steps):
             if isinstance(st, CppRegion):
                 ptrs = []
@@ -158,8 +172,14 @@ class WrapperWriter:
                     lay = buf.layout
                     old = reuse.get(n)
                     if old is not None:
-                        body.append(f"    {n} = _view({old}, {_tuple(lay.size)}, "
-                                    f"{_tuple(lay.stride)}, 0); del {old}  # reuse")
+                        olay = self._buffer(old).layout
+                        if old in region_writes and _same_layout(olay, lay):
+                            # the dead buffer already has this geometry: take the tensor as it
+                            # is (an as_strided call costs about 2-3 us per line)
+                            body.append(f"    {n} = {old}; del {old}  # reuse")
+                        else:
+                            body.append(f"    {n} = _view({old}, {_tuple(lay.size)}, "
+                                        f"{_tuple(lay.stride)}, 0); del {old}  # reuse")
                         continue
                     body.append(f"    {n} = _empty({_tuple(lay.size)}, {_tuple(lay.stride)}, "
                                 f"dtype={_DTYPE_NAMES[lay.dtype]})")
