@@ -281,3 +281,61 @@ def test_mkldnn_pointwise_convolution_is_channels_last_and_matches(k: int, strid
     assert u.is_contiguous(memory_format=CL) and v.is_contiguous(memory_format=CL)
     torch.testing.assert_close(u, torch.relu(y), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(v, torch.relu(y + other), rtol=1e-5, atol=1e-5)
+
+
+class PoolNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.b1 = nn.BatchNorm2d(8)
+        self.c2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.c3 = nn.Conv2d(8, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = nn.functional.max_pool2d(torch.relu(self.b1(self.c1(x))), 3, 2, 1, ceil_mode=True)
+        y = nn.functional.avg_pool2d(self.c2(y), 2)
+        return nn.functional.interpolate(self.c3(y), scale_factor=2)
+
+
+def test_pooling_between_convolutions_train_and_eval() -> None:
+    """max/avg pooling (forward and backward, indices saved for the backward) on channels-last
+    values, an upsample fallback after them: values, gradients and strides as eager's."""
+    torch.manual_seed(0)
+    m = PoolNet()
+    ref = copy.deepcopy(m)
+    f = ember.compile(m, backend="inductor")
+    before = layout.counters["pool"]
+    x1 = torch.randn(2, 3, 15, 13, requires_grad=True)
+    x2 = x1.detach().clone().requires_grad_()
+    y1, y2 = f(x1), ref(x2)
+    _close(y1.detach(), y2.detach(), "output")
+    g = torch.randn(y1.shape)
+    y1.backward(g)
+    y2.backward(g)
+    _close(x1.grad, x2.grad, "input grad")
+    for (name, p1), p2 in zip(ref.named_parameters(), m.parameters()):
+        _close(p2.grad, p1.grad, f"grad {name}")
+    assert layout.counters["pool"] > before
+    m.eval()
+    ref.eval()
+    with torch.no_grad():
+        _close(ember.compile(m, backend="inductor")(x2), ref(x2), "eval output")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_aten_pooling_is_channels_last_for_channels_last_input(dtype: torch.dtype) -> None:
+    """What lower_pool declares, over kernels, strides, paddings, ceil_mode and batch sizes."""
+    a = torch.ops.aten
+    for k, s, p, ceil, n, hw in itertools.product([2, 3], [1, 2], [0, 1], [False, True], [1, 3],
+                                                  [5, 8]):
+        if p > k // 2:
+            continue
+        x = torch.randn(n, 6, hw, hw, dtype=dtype).to(memory_format=CL)
+        y, idx = a.max_pool2d_with_indices.default(x, [k, k], [s, s], [p, p], [1, 1], ceil)
+        g = torch.randn(y.shape, dtype=dtype).to(memory_format=CL)
+        gx = a.max_pool2d_with_indices_backward.default(g, x, [k, k], [s, s], [p, p], [1, 1],
+                                                         ceil, idx)
+        av = a.avg_pool2d.default(x, [k, k], [s, s], [p, p], ceil, True, None)
+        ga = a.avg_pool2d_backward.default(g, x, [k, k], [s, s], [p, p], ceil, True, None)
+        for t in (y, idx, gx, av, ga):
+            assert t.is_contiguous(memory_format=CL), (k, s, p, ceil, n, hw, t.stride())

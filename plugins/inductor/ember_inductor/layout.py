@@ -65,9 +65,9 @@ def _same(size: Sequence[Any], a: Sequence[Any], b: Sequence[Any]) -> bool:
     return len(a) == len(b) and all(s == 1 or x == y for s, x, y in zip(size, a, b))
 
 
-def _static_4d(meta: Any) -> bool:
-    return (isinstance(meta, torch.Tensor) and meta.dim() == 4 and meta.dtype in _DTYPES
-            and meta.layout == torch.strided
+def _static_4d(meta: Any, any_dtype: bool = False) -> bool:
+    return (isinstance(meta, torch.Tensor) and meta.dim() == 4
+            and (any_dtype or meta.dtype in _DTYPES) and meta.layout == torch.strided
             and all(isinstance(s, int) for s in (*meta.shape, *meta.stride())))
 
 
@@ -114,12 +114,18 @@ class LayoutPlan:
         return channels_last_stride(meta.shape)
 
     @staticmethod
+    def keepable(meta: Any) -> bool:
+        """May a value with this metadata travel channels-last between a forward and its
+        backward? (4-d static, any dtype: pooling indices too)"""
+        return _static_4d(meta, any_dtype=True)
+
+    @staticmethod
     def is_changed(value: Any, meta: Any) -> bool:
         """Is ``value`` (a stored IR value) in a layout other than the one its metadata (eager)
-        describes, because this plan made it channels-last?"""
+        describes, because this plan made it channels-last? (any dtype: pooling indices)"""
         from .ir import _LaidOut
 
-        if not isinstance(value, _LaidOut) or not _static_4d(meta):
+        if not isinstance(value, _LaidOut) or not _static_4d(meta, any_dtype=True):
             return False
         lay = value.layout
         size = tuple(meta.shape)
@@ -134,7 +140,7 @@ class LayoutPlan:
         exactly ``meta``'s strides (an output must have eager's strides, size-1 dims too)."""
         from .ir import Layout, ReinterpretView, _LaidOut
 
-        if not isinstance(value, _LaidOut) or not _static_4d(meta):
+        if not isinstance(value, _LaidOut) or not _static_4d(meta, any_dtype=True):
             return value
         lay, want = value.layout, tuple(meta.stride())
         if (tuple(lay.stride) == want or tuple(lay.size) != tuple(meta.shape)
@@ -413,8 +419,63 @@ def IRNodeT() -> Any:
     return IRNode
 
 
+#: pooling ops (ATen kernels) -> the tensor arguments given channels-last; every tensor result
+#: is channels-last then (checked by tests/inductor/test_layout.py over kernels, strides,
+#: paddings, ceil_mode, batches, dtypes)
+POOL_OPS = {
+    aten.max_pool2d_with_indices.default: (0,),
+    aten.max_pool2d_with_indices_backward.default: (0, 1, 7),
+    aten.avg_pool2d.default: (0,),
+    aten.avg_pool2d_backward.default: (0, 1),
+}
+
+
+def lower_pool(g: Any, plan: LayoutPlan, node: torch.fx.Node, args: Sequence[Any],
+               kwargs: dict[str, Any]) -> Any:
+    """2-d pooling (forward and backward) on channels-last operands, results channels-last: no
+    copy between a convolution and a pooling layer in either direction."""
+    from .ir import ExternKernel, IRNode, Layout, MultiOutput
+
+    which = POOL_OPS[node.target]
+    args = list(args)
+    if kwargs or any(i >= len(args) or not isinstance(args[i], IRNode) for i in which):
+        return None
+    for i in which:
+        a = node.args[i]
+        m = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
+        if not isinstance(m, torch.Tensor) or m.dim() != 4 or not all(
+                isinstance(v, int) for v in (*m.shape, *m.stride())):
+            return None
+        if i == which[0] and (m.dtype not in _DTYPES or m.device.type != "cpu"):
+            return None
+    for i in which:
+        args[i] = plan.to_channels_last(g, args[i])
+    meta = node.meta.get("val")
+    origins = [node.name]
+
+    def lay(m: torch.Tensor) -> Any:
+        return Layout(tuple(m.shape), channels_last_stride(m.shape), m.dtype, m.device)
+
+    if isinstance(meta, torch.Tensor):
+        buf = ExternKernel(g.new_name(), lay(meta), node.target, args, {}, "extern", origins)
+        g.operations.append(buf)
+        counters["pool"] += 1
+        return buf
+    parent = ExternKernel(g.new_name(), None, node.target, args, {}, "extern", origins)
+    g.operations.append(parent)
+    outs = []
+    for i, m in enumerate(meta):
+        mo = MultiOutput(g.new_name(), lay(m), parent, (i,))
+        g.operations.append(mo)
+        outs.append(mo)
+    counters["pool"] += 1
+    return tuple(outs)
+
+
 def lower_with_layout(g: Any, plan: LayoutPlan, node: torch.fx.Node, args: Sequence[Any],
                       kwargs: dict[str, Any]) -> Any:
+    if node.target in POOL_OPS:
+        return lower_pool(g, plan, node, args, kwargs)
     if node.target is aten.relu.default or node.target is aten.add.Tensor:
         # the ReLU of a fused convolution epilogue (the add in between lowers as usual and,
         # unused, is dropped)
@@ -424,7 +485,7 @@ def lower_with_layout(g: Any, plan: LayoutPlan, node: torch.fx.Node, args: Seque
     return lower_conv(g, plan, node, args, kwargs)
 
 
-LAYOUT_OPS = (*CONV_OPS, aten.var_mean.correction, aten.relu.default)
+LAYOUT_OPS = (*CONV_OPS, aten.var_mean.correction, aten.relu.default, *POOL_OPS)
 
 
 # -- training: the forward waits for its backward ------------------------------------------------
@@ -519,7 +580,7 @@ def take_forward(context: Any, gm: torch.fx.GraphModule) -> dict[int, tuple[int,
                 if tuple(om.shape) != tuple(im.shape) or om.dtype != im.dtype:
                     ok = False
                     break
-                if LayoutPlan.preferred_stride(im) is not None:
+                if LayoutPlan.keepable(im):
                     keep.append(first + j)
     if not ok:
         log.debug("layout: forward/backward of %s do not pair; eager strides", context.graph_id)

@@ -420,10 +420,12 @@ class GraphLowering:
     def _layout_output(self, pos: int, value: IRNode, meta: Any) -> IRNode:
         """A graph output: with eager's strides, or channels-last where the plan keeps it so
         (a training forward's saved activations, read by its backward)."""
+        from ..layout import channels_last_stride
+
         plan = self.layout_plan
-        if pos in plan.keep_outputs and plan.preferred_stride(meta) is not None:
+        if pos in plan.keep_outputs and plan.keepable(meta):
             if isinstance(value, (Pointwise, Reduction)):
-                value = self.realize(value, list(plan.preferred_stride(meta)))
+                value = self.realize(value, list(channels_last_stride(meta.shape)))
             return plan.to_channels_last(self, value)
         value = self._eager_layout(self.realize_like_meta(value, meta), meta)
         return plan.exact_strides(value, meta)
