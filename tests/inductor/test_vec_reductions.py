@@ -171,3 +171,39 @@ def test_masked_load_not_hoisted() -> None:
     gm, src = _gen(fn, *inputs)
     out = load_wrapper(src, gm, "test_vec")(*inputs)
     torch.testing.assert_close(out[0], fn(*inputs)[0], atol=1e-5, rtol=1e-5)
+
+
+def _three_column_sums(a: torch.Tensor, b: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    # a linear's bias gradient next to a LayerNorm's weight and bias gradients: separate loop
+    # blocks of one group, independent sums over the same rows
+    return (a.sum(0), (b * s[:, None]).sum(0), b.sum(0))
+
+
+def test_independent_column_sums_share_the_row_loop(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    inputs = (torch.randn(300, 256), torch.randn(300, 256), torch.randn(300))
+    gm, src = _gen(_three_column_sums, *inputs)
+    (cpp,) = _cpp(src)
+    assert cpp.count("accumulator tiles") == 1 and "acc2[" in cpp, cpp
+    assert "reduction(+:" not in cpp, cpp  # no strided per-column loop left
+    lines, vectorized = _vector_report(cpp, tmp_path)
+    simd = [i + 2 for i, s in enumerate(lines) if s.strip() == "#pragma omp simd"]
+    assert len(simd) == 1 and _vectorized(lines, simd[0], vectorized), cpp
+    out = load_wrapper(src, gm, "test_vec")(*inputs)
+    for a, e in zip(out, _three_column_sums(*inputs)):
+        torch.testing.assert_close(a, e, atol=1e-4, rtol=1e-4)
+
+
+def test_dependent_reductions_stay_in_order() -> None:
+    # a sum that reads another sum of the same group (a mean, then the centered squares): the
+    # column form would run them side by side, so it must not be used for them together
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        m = x.mean(0, keepdim=True)
+        return (((x - m) ** 2).sum(0), m)
+
+    torch.manual_seed(0)
+    inputs = (torch.randn(200, 96) * 3 + 1,)
+    gm, src = _gen(fn, *inputs)
+    out = load_wrapper(src, gm, "test_vec")(*inputs)
+    for a, e in zip(out, fn(*inputs)):
+        torch.testing.assert_close(a, e, atol=1e-4, rtol=1e-4)

@@ -519,9 +519,18 @@ class CppKernel:
         """Reductions (one loop block, nothing else in the group) whose outputs are contiguous in
         the last outer loop while the values they combine are strided along the reduction (sums
         over a batch dim, e.g. bias gradients): better run with the reduction loops outside and
-        tiles of accumulators inside."""
-        if not g.outer or len(g.blocks) != 1 or not g.blocks[0].inner:
+        tiles of accumulators inside. Several loop blocks qualify when they are independent
+        reductions over the same ranges (a LayerNorm's weight and bias gradients next to a
+        linear's bias gradient): they then share the reduction loops."""
+        if not g.outer or not g.blocks or not g.blocks[0].inner:
             return False
+        if len(g.blocks) > 1:
+            inner0 = list(g.blocks[0].inner)
+            if any(list(b.inner) != inner0 for b in g.blocks[1:]):
+                return False
+            names = g.names()
+            if any(n in names for m in g.members for n, _ in m.loads):
+                return False  # one reduction reads another: they cannot run side by side
         from ..sizes import rvar, var
         xl = var(len(g.outer) - 1)
         rl = rvar(len(g.blocks[0].inner) - 1)
