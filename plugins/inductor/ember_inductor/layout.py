@@ -519,11 +519,14 @@ class DeferredForward:
         res = out.args[0]
         return len(res) if isinstance(res, (list, tuple)) else 1
 
-    def output_metas(self) -> list[Any]:
+    def output_nodes(self) -> list[Any]:
         out = next(n for n in reversed(self.gm.graph.nodes) if n.op == "output")
         res = out.args[0]
-        res = res if isinstance(res, (list, tuple)) else [res]
-        return [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in res]
+        return list(res) if isinstance(res, (list, tuple)) else [res]
+
+    def output_metas(self) -> list[Any]:
+        return [a.meta.get("val") if isinstance(a, torch.fx.Node) else a
+                for a in self.output_nodes()]
 
     def generate(self, keep: Sequence[int] = ()) -> dict[int, tuple[int, ...]]:
         """Compile now; ``keep``: output positions that may stay channels-last. Returns the
@@ -567,6 +570,7 @@ def take_forward(context: Any, gm: torch.fx.GraphModule) -> dict[int, tuple[int,
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     n_out = fw.n_outputs()
     metas = fw.output_metas()
+    onodes = fw.output_nodes()
     first = n_out - n_saved
     ok = 0 <= first and n_saved <= len(placeholders)
     keep: list[int] = []
@@ -580,7 +584,11 @@ def take_forward(context: Any, gm: torch.fx.GraphModule) -> dict[int, tuple[int,
                 if tuple(om.shape) != tuple(im.shape) or om.dtype != im.dtype:
                     ok = False
                     break
-                if LayoutPlan.keepable(im):
+                # a forward input saved as it is (a weight, the batch) keeps its own layout:
+                # making it channels-last would be a copy per step
+                src = onodes[first + j]
+                if LayoutPlan.keepable(im) and not (isinstance(src, torch.fx.Node)
+                                                    and src.op == "placeholder"):
                     keep.append(first + j)
     if not ok:
         log.debug("layout: forward/backward of %s do not pair; eager strides", context.graph_id)
