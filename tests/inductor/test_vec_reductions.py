@@ -207,3 +207,25 @@ def test_dependent_reductions_stay_in_order() -> None:
     out = load_wrapper(src, gm, "test_vec")(*inputs)
     for a, e in zip(out, fn(*inputs)):
         torch.testing.assert_close(a, e, atol=1e-4, rtol=1e-4)
+
+
+def _column_sums_of_two_ranges(a: torch.Tensor, g: torch.Tensor,
+                               s: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    # bert's pooler: the bias gradient of a linear on the first token ([4, 256] summed over 4)
+    # next to the last LayerNorm's weight/bias gradients (summed over 4 x 128)
+    return (a.sum(0), (g * s[..., None]).sum((0, 1)), g.sum((0, 1)))
+
+
+def test_column_sums_over_different_ranges_each_vectorized(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    inputs = (torch.randn(4, 256), torch.randn(4, 128, 256), torch.randn(4, 128))
+    gm, src = _gen(_column_sums_of_two_ranges, *inputs)
+    (cpp,) = _cpp(src)
+    assert cpp.count("accumulator tiles") == 2, cpp
+    assert "reduction(+:" not in cpp, cpp
+    lines, vectorized = _vector_report(cpp, tmp_path)
+    simd = [i + 2 for i, s in enumerate(lines) if s.strip() == "#pragma omp simd"]
+    assert len(simd) == 2 and all(_vectorized(lines, ln, vectorized) for ln in simd), cpp
+    out = load_wrapper(src, gm, "test_vec")(*inputs)
+    for a, e in zip(out, _column_sums_of_two_ranges(*inputs)):
+        torch.testing.assert_close(a, e, atol=1e-4, rtol=1e-4)

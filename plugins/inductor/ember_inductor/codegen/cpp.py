@@ -515,27 +515,33 @@ class CppKernel:
             body = self.lines
         return head + " {\n" + "\n".join(body) + "\n}\n"
 
-    def _column_reduction(self, g: FusedGroup) -> bool:
-        """Reductions (one loop block, nothing else in the group) whose outputs are contiguous in
-        the last outer loop while the values they combine are strided along the reduction (sums
-        over a batch dim, e.g. bias gradients): better run with the reduction loops outside and
-        tiles of accumulators inside. Several loop blocks qualify when they are independent
-        reductions over the same ranges (a LayerNorm's weight and bias gradients next to a
-        linear's bias gradient): they then share the reduction loops."""
-        if not g.outer or not g.blocks or not g.blocks[0].inner:
-            return False
+    def _column_plan(self, g: FusedGroup) -> list[tuple[list[Member], list[Any]]] | None:
+        """Reductions (nothing else in the group) whose outputs are contiguous in the last outer
+        loop while the values they combine are strided along the reduction (sums over a batch
+        dim, e.g. bias gradients): better run with the reduction loops outside and tiles of
+        accumulators inside. Returns the (members, reduction ranges) to run that way, in order,
+        or None. Several loop blocks qualify when they are independent reductions: over the same
+        ranges they share the reduction loops (a LayerNorm's weight and bias gradients next to a
+        linear's bias gradient), over different ranges they run one after the other."""
+        if not g.outer or not g.blocks or any(not b.inner for b in g.blocks):
+            return None
         if len(g.blocks) > 1:
-            inner0 = list(g.blocks[0].inner)
-            if any(list(b.inner) != inner0 for b in g.blocks[1:]):
-                return False
             names = g.names()
             if any(n in names for m in g.members for n, _ in m.loads):
-                return False  # one reduction reads another: they cannot run side by side
+                return None  # one reduction reads another: they cannot run side by side
+            inner0 = list(g.blocks[0].inner)
+            if any(list(b.inner) != inner0 for b in g.blocks[1:]):
+                plan = [(list(b.members), list(b.inner)) for b in g.blocks]
+                return plan if all(self._column_ok(g, ms, inner) for ms, inner in plan) else None
+        plan = [(list(g.members), list(g.blocks[0].inner))]
+        return plan if self._column_ok(g, *plan[0]) else None
+
+    def _column_ok(self, g: FusedGroup, members: list[Member], inner: list[Any]) -> bool:
         from ..sizes import rvar, var
         xl = var(len(g.outer) - 1)
-        rl = rvar(len(g.blocks[0].inner) - 1)
+        rl = rvar(len(inner) - 1)
         strided = False
-        for m in g.members:
+        for m in members:
             red = m.node.data
             if not isinstance(red, Reduction) or red.reduction_type not in (
                     "sum", "prod", "max", "min", "any", "all"):
@@ -558,15 +564,14 @@ class CppKernel:
                 return False
         return strided
 
-    def column_reduction(self, g: FusedGroup) -> None:
-        b = g.blocks[0]
+    def column_reduction(self, g: FusedGroup, members: list[Member], inner: list[Any]) -> None:
         k = len(g.outer)
         tile = 256
-        names = ", ".join(m.node.name for m in g.members)
+        names = ", ".join(m.node.name for m in members)
         self.line(f"// {names}: reductions over strided values, accumulator tiles of up to {tile}")
         self.line("{")
         self.indent += 1
-        work = product(g.outer) * product(b.inner)
+        work = product(g.outer) * product(inner)
         xn = f"x{k - 1}"
         n = to_c(g.outer[-1])
         par = _parallel_if(work)
@@ -591,23 +596,23 @@ class CppKernel:
         self.line(f"for (int64_t xt = 0; xt < {n}; xt += {step}) {{")
         self.indent += 1
         self.line(f"const int64_t xe = xt + {step} < {n} ? xt + {step} : {n};")
-        for j, m in enumerate(g.members):
+        for j, m in enumerate(members):
             red = m.node.data
             at = compute_type(red.src_dtype)
             if (at == "float" and red.reduction_type == "sum"
-                    and _at_least(product(b.inner), DOUBLE_ACC_MIN)):
+                    and _at_least(product(inner), DOUBLE_ACC_MIN)):
                 at = "double"
             init = _reduction_init(red.reduction_type, red.src_dtype)
             self.line(f"{at} acc{j}[{tile}];")
             self.line(f"for (int64_t {xn} = xt; {xn} < xe; {xn}++) acc{j}[{xn} - xt] = {init};")
-        for i, sz in enumerate(b.inner):
+        for i, sz in enumerate(inner):
             self.line(f"for (int64_t r{i} = 0; r{i} < {to_c(sz)}; r{i}++) {{")
             self.indent += 1
         self.line("#pragma omp simd")
         self.line(f"for (int64_t {xn} = xt; {xn} < xe; {xn}++) {{")
         self.indent += 1
         self.scopes.append({})
-        for j, m in enumerate(g.members):
+        for j, m in enumerate(members):
             red = m.node.data
             value = m.node.body(m.index, m.rindex)
             if value.dtype != red.src_dtype:
@@ -620,12 +625,12 @@ class CppKernel:
         self.scopes.pop()
         self.indent -= 1
         self.line("}")
-        for _ in b.inner:
+        for _ in inner:
             self.indent -= 1
             self.line("}")
         self.line(f"for (int64_t {xn} = xt; {xn} < xe; {xn}++) {{")
         self.indent += 1
-        for j, m in enumerate(g.members):
+        for j, m in enumerate(members):
             red = m.node.data
             v = CppVar(f"({compute_type(red.src_dtype)})acc{j}[{xn} - xt]", red.src_dtype)
             if v.dtype != m.node.dtype:
@@ -642,8 +647,10 @@ class CppKernel:
         self.line("}")
 
     def group(self, g: FusedGroup) -> None:
-        if self._column_reduction(g):
-            self.column_reduction(g)
+        plan = self._column_plan(g)
+        if plan is not None:
+            for members, inner in plan:
+                self.column_reduction(g, members, inner)
             return
         origins = []
         for m in g.members:
