@@ -17,6 +17,10 @@ result for a channels-last input. A graph with 2-d convolutions is therefore low
   is stored with eager's strides, except the activations a training forward saves for its own
   backward (below).
 
+Options: ``layout_opt=False`` turns all of this off; ``layout_weights`` ("none", the default,
+"backward", "all") also copies convolution weights channels-last for the backward or for both
+directions (measured on convnet: no gain, the copies cost what oneDNN saves).
+
 Training: the forward's saved activations go straight into the backward. Saving them
 channels-last avoids a copy in each direction, but the backward must know. The AOT compiler
 compiles the forward, then the backward of the same graph (their context graph ids differ in the
@@ -101,6 +105,8 @@ class LayoutPlan:
         self.out_strides: dict[int, tuple[int, ...]] = {}
         # fx ReLU node -> the convolution that computed it with the ReLU fused in
         self.fused: dict[Any, Any] = {}
+        # convolution weights channels-last too: "none", "backward", "all"
+        self.weights = "none"
 
     def key(self) -> str:
         return repr((sorted(self.keep_outputs), sorted(self.input_strides.items())))
@@ -181,7 +187,9 @@ def plan_for(gm: torch.fx.GraphModule, options: dict[str, Any]) -> LayoutPlan | 
         return None
     sink_pure_nodes(gm)
     lay = options.get("_layout") or {}
-    return LayoutPlan(lay.get("keep", ()), lay.get("inputs"))
+    plan = LayoutPlan(lay.get("keep", ()), lay.get("inputs"))
+    plan.weights = str(options.get("layout_weights", "none"))
+    return plan
 
 
 def sink_pure_nodes(gm: torch.fx.GraphModule) -> int:
@@ -233,7 +241,7 @@ def lower_conv(g: Any, plan: LayoutPlan, node: torch.fx.Node, args: Sequence[Any
         # the weight stays as it is: ATen's result is channels-last for a channels-last
         # input whatever the weight's layout, and a weight copy per call buys little
         args[0] = plan.to_channels_last(g, x)
-        args[1] = g.realize(w)
+        args[1] = plan.to_channels_last(g, w) if plan.weights == "all" else g.realize(w)
         if isinstance(args[2], IRNode) and not isinstance(args[2], NoneValue):
             args[2] = g.realize(args[2])
         size = tuple(meta.shape)
@@ -250,7 +258,8 @@ def lower_conv(g: Any, plan: LayoutPlan, node: torch.fx.Node, args: Sequence[Any
         return None
     args[0] = plan.to_channels_last(g, go)
     args[1] = plan.to_channels_last(g, x)
-    args[2] = g.realize(w)
+    args[2] = (plan.to_channels_last(g, w) if plan.weights in ("all", "backward")
+               else g.realize(w))
     parent = ExternKernel(g.new_name(), None, node.target, args, {}, "extern", origins)
     g.operations.append(parent)
     outs: list[Any] = []
