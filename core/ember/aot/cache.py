@@ -24,9 +24,9 @@ its first use loads a large part of torch, ~1.3 s). Before an entry is written i
 compared with the traced graphs (generated code and every node's metadata); an entry that would not
 round-trip exactly is not written.
 
-Entries live in the text store under ``<cache dir>/text/aot/`` (same layout and record format as
-the inductor plugin's text store: ``{"format", "key", "sha256", "text"}``, atomic replace, a corrupt
-entry is a miss and is rewritten). ``ember.config.aot_cache = False`` (``EMBER_AOT_CACHE=0``)
+Entries live in Ember's text store (``ember/_store.py``, shared with persisted captures and the
+inductor plugin) under ``<cache dir>/text/aot/``: ``{"format", "key", "sha256", "text"}``, atomic
+replace, a corrupt entry is a miss and is rewritten. ``ember.config.aot_cache = False`` (``EMBER_AOT_CACHE=0``)
 turns the cache off.
 """
 
@@ -42,7 +42,6 @@ import operator
 import os
 import pathlib
 import sys
-import tempfile
 import time
 from typing import Any, Sequence
 
@@ -79,75 +78,18 @@ def enabled() -> bool:
 
 
 # --------------------------------------------------------------------------------------------
-# the text store (same layout and record format as ember_inductor.runtime.cache's)
+# the text store (ember/_store.py: shared with persisted captures and the inductor plugin)
 
-
-def cache_dir() -> pathlib.Path:
-    """``EMBER_CACHE_DIR``, else ``ember.config.cache_dir`` if changed, else
-    ``$XDG_CACHE_HOME/ember`` or ``~/.cache/ember`` (as the inductor plugin resolves it)."""
-    import ember
-
-    env = os.environ.get("EMBER_CACHE_DIR")
-    configured = getattr(ember.config, "cache_dir", None)
-    default = os.path.join(os.path.expanduser("~"), ".cache", "ember")
-    if env:
-        path = env
-    elif configured and configured != default:
-        path = configured
-    else:
-        xdg = os.environ.get("XDG_CACHE_HOME")
-        path = os.path.join(xdg, "ember") if xdg else default
-    return pathlib.Path(os.path.abspath(os.path.expanduser(path)))
-
-
-_TEXT_FORMAT = 1  # the text store's record format (shared with the inductor plugin)
-
-
-def _text_path(namespace: str, key: str) -> pathlib.Path:
-    return cache_dir() / "text" / namespace / f"{hashlib.sha256(key.encode()).hexdigest()}.json"
-
-
-def put_text(namespace: str, key: str, text: str) -> None:
-    """Store ``text`` atomically (unique temporary file, then ``os.replace``); a failed write is
-    logged, not raised (the cache is an optimization)."""
-    record = {"format": _TEXT_FORMAT, "key": key,
-              "sha256": hashlib.sha256(text.encode()).hexdigest(), "text": text}
-    path = _text_path(namespace, key)
-    tmp = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "wb") as f:
-            f.write(json.dumps(record).encode())
-        os.replace(tmp, path)
-        tmp = None
-    except OSError as e:
-        log.warning("could not write AOT cache entry %s: %s", path, e)
-    finally:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+from .._store import cache_dir  # noqa: E402  (re-exported: ``ember.aot.cache.cache_dir``)
+from .._store import put_text  # noqa: E402
 
 
 def get_text(namespace: str, key: str) -> str | None:
-    """The text stored under ``(namespace, key)``; None when absent or corrupt."""
-    path = _text_path(namespace, key)
-    try:
-        record = json.loads(path.read_bytes())
-        text = record["text"]
-        if (record.get("format") == _TEXT_FORMAT and record.get("key") == key
-                and isinstance(text, str)
-                and hashlib.sha256(text.encode()).hexdigest() == record.get("sha256")):
-            return text
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        pass
-    log.warning("AOT cache entry %s is corrupt; treated as a miss", path)
-    counters["corrupt"] += 1
-    return None
+    """The text stored under ``(namespace, key)``; None when absent or corrupt (counted)."""
+    from .._store import get_text as get
+
+    return get(namespace, key, on_corrupt=lambda path: counters.__setitem__(
+        "corrupt", counters["corrupt"] + 1))
 
 
 # --------------------------------------------------------------------------------------------

@@ -593,7 +593,7 @@ def save(cf: Any, entry: Any, args: tuple, kwargs: dict) -> None:
 
 
 def _save(cf: Any, entry: Any, args: tuple, kwargs: dict) -> None:
-    from ..aot.cache import put_text
+    from .._store import put_text
 
     cap = getattr(entry, "capture", None)
     gm = getattr(entry, "graph_module", None)
@@ -632,7 +632,7 @@ def load(cf: Any, args: tuple, kwargs: dict,
          compile_graph: Callable[..., Any]) -> Callable[..., Any] | None:
     """An entry rebuilt from a persisted capture of ``cf.fn`` whose recipes and guards hold for
     these arguments; None otherwise (capture as usual)."""
-    from ..aot.cache import get_text
+    from .._store import get_text
 
     t0 = time.perf_counter()
     try:

@@ -22,7 +22,8 @@ Layout under :func:`cache_dir`::
     cpp/<k[:2]>/<k>.so      the library
     cpp/<k[:2]>/<k>.json    {"format", "sha256", "size", "flags", ...}: written last (commit)
     cpp/<k[:2]>/<k>.lock    flock target while building
-    text/<namespace>/<sha256(key)>.json   {"format", "key", "sha256", "text"}
+    text/<namespace>/<sha256(key)>.json   {"format", "key", "sha256", "text"}  (ember._store's
+                                          text store, shared with the core's caches)
 
 Flags (why): ``-O3 -march=native -fopenmp -shared -fPIC -std=c++17`` plus
 
@@ -52,7 +53,6 @@ import json
 import logging
 import os
 import pathlib
-import re
 import shutil
 import subprocess
 import tempfile
@@ -62,6 +62,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
 import ember
+from ember import _store
 
 __all__ = [
     "CompileError",
@@ -89,7 +90,6 @@ BASE_FLAGS: tuple[str, ...] = ("-O3", "-march=native", "-fopenmp", "-shared", "-
                                "-std=c++17", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math",
                                "--param=vect-max-version-for-alias-checks=256")
 
-_NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
 _KINDS = ("cpp", "text")
 _lock = threading.Lock()
 _built: dict[tuple[str, str, tuple[str, ...]], pathlib.Path] = {}
@@ -111,24 +111,12 @@ class CompileError(ember.EmberError):
 
 
 def cache_dir() -> pathlib.Path:
-    """The root of Ember's on-disk cache.
+    """The root of Ember's on-disk cache (``ember._store.cache_dir``, one rule for every cache).
 
     ``EMBER_CACHE_DIR`` if set (read at each call), else ``ember.config.cache_dir`` if it was
     changed from its default, else ``$XDG_CACHE_HOME/ember`` or ``~/.cache/ember``.
     """
-    env = os.environ.get("EMBER_CACHE_DIR")
-    configured = getattr(ember.config, "cache_dir", None)
-    default = os.path.join(os.path.expanduser("~"), ".cache", "ember")
-    if env:
-        path = env
-    elif configured and configured != default:
-        path = configured
-    else:
-        xdg = os.environ.get("XDG_CACHE_HOME")
-        path = os.path.join(xdg, "ember") if xdg else default
-    # Absolute: library paths handed out must not change meaning when the process changes
-    # its working directory.
-    return pathlib.Path(os.path.abspath(os.path.expanduser(path)))
+    return _store.cache_dir()
 
 
 def _compiler() -> str:
@@ -191,23 +179,8 @@ def _sha256_file(path: pathlib.Path) -> str:
     return h.hexdigest()
 
 
-def _atomic_write(path: pathlib.Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        _unlink(tmp)
-        raise
-
-
-def _unlink(path: str | pathlib.Path) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
+_atomic_write = _store.atomic_write  # a unique temporary file, then os.replace
+_unlink = _store.unlink
 
 
 def _entry(key: str) -> tuple[pathlib.Path, pathlib.Path, pathlib.Path]:
@@ -365,41 +338,16 @@ def load_cpp(source: str, extra_flags: Sequence[str] = ()) -> ctypes.CDLL:
 # text store
 
 
-def _text_path(namespace: str, key: str) -> pathlib.Path:
-    if not _NAMESPACE_RE.match(namespace):
-        raise ValueError(f"cache namespace {namespace!r} must match {_NAMESPACE_RE.pattern}")
-    name = hashlib.sha256(key.encode()).hexdigest()
-    return cache_dir() / "text" / namespace / f"{name}.json"
-
-
 def put_text(namespace: str, key: str, text: str) -> None:
-    """Store ``text`` under ``(namespace, key)``, atomically (last writer wins). The store is
-    an optimization: a failed write (unwritable folder, full disk) is logged, not raised."""
-    record = {"format": FORMAT_VERSION, "key": key,
-              "sha256": hashlib.sha256(text.encode()).hexdigest(), "text": text}
-    path = _text_path(namespace, key)
-    try:
-        _atomic_write(path, json.dumps(record).encode())
-    except OSError as e:
-        log.warning("could not write cache text entry %s: %s", path, e)
+    """Store ``text`` under ``(namespace, key)``, atomically (last writer wins); a failed write
+    is logged, not raised. Ember's text store (``ember._store``), shared with the core's
+    caches: one format, one folder."""
+    _store.put_text(namespace, key, text)
 
 
 def get_text(namespace: str, key: str) -> str | None:
     """The text stored under ``(namespace, key)``, or None when absent or corrupt."""
-    path = _text_path(namespace, key)
-    try:
-        record = json.loads(path.read_bytes())
-        text = record["text"]
-        if (record.get("format") == FORMAT_VERSION and record.get("key") == key
-                and isinstance(text, str)
-                and hashlib.sha256(text.encode()).hexdigest() == record.get("sha256")):
-            return text
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        pass
-    log.warning("cache text entry %s is corrupt; treated as a miss", path)
-    return None
+    return _store.get_text(namespace, key)
 
 
 # --------------------------------------------------------------------------------------------
