@@ -345,7 +345,7 @@ def lower_var_mean(g: Any, plan: LayoutPlan, node: torch.fx.Node, args: Sequence
     float64 sums of float32 values and squares are exact to ~1e-16 relative, so
     ``E[x^2] - E[x]^2`` in float64 loses nothing that matters at float32 unless
     ``mean^2 / var`` exceeds ~1e8 (then the centered form in float32 is no better)."""
-    from .ir import Pointwise, Reduction, _LaidOut
+    from .ir import IRNode, Pointwise, Reduction, _LaidOut
     from .virtualized import ops
 
     x = args[0] if args else None
@@ -356,7 +356,7 @@ def lower_var_mean(g: Any, plan: LayoutPlan, node: torch.fx.Node, args: Sequence
         return None
     arg0 = node.args[0] if node.args else None
     meta = arg0.meta.get("val") if isinstance(arg0, torch.fx.Node) else None
-    if (not _static_4d(meta) or meta.dtype != torch.float32 or not isinstance(x, IRNodeT())
+    if (not _static_4d(meta) or meta.dtype != torch.float32 or not isinstance(x, IRNode)
             or list(x.get_size()) != list(meta.shape)
             or not isinstance(correction, int) or isinstance(correction, bool)):
         return None
@@ -421,11 +421,6 @@ def lower_var_mean(g: Any, plan: LayoutPlan, node: torch.fx.Node, args: Sequence
     counters["var_mean"] += 1
     # stored once per channel (every element of the normalization reads them)
     return (g.realize(var), g.realize(mean))
-
-
-def IRNodeT() -> Any:
-    from .ir import IRNode
-    return IRNode
 
 
 #: pooling ops (ATen kernels) -> the tensor arguments given channels-last; every tensor result
