@@ -342,3 +342,17 @@ def test_aten_pooling_is_channels_last_for_channels_last_input(dtype: torch.dtyp
         ga = a.avg_pool2d_backward.default(g, x, [k, k], [s, s], [p, p], ceil, True, None)
         for t in (y, idx, gx, av, ga):
             assert t.is_contiguous(memory_format=CL), (k, s, p, ceil, n, hw, t.stride())
+
+
+def test_sink_pure_nodes_leaves_graphs_with_writes_alone() -> None:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def fn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        r = a * 2          # read of a before the write below: must stay before it
+        a.add_(1)
+        return torch.mm(b, b) + r
+
+    gm = make_fx(fn)(torch.randn(3, 3), torch.randn(3, 3))
+    before = [n.name for n in gm.graph.nodes]
+    assert layout.sink_pure_nodes(gm) == 0
+    assert [n.name for n in gm.graph.nodes] == before

@@ -203,6 +203,10 @@ def sink_pure_nodes(gm: torch.fx.GraphModule) -> int:
     from .lowering.registry import EXTERN_OPS, LOWERINGS
 
     nodes = list(gm.graph.nodes)
+    for n in nodes:
+        schema = getattr(n.target, "_schema", None) if n.op == "call_function" else None
+        if schema is not None and schema.is_mutable:
+            return 0  # a write inside the graph: moving a read past it could change its value
     order = {n: i for i, n in enumerate(nodes)}
     moved = 0
     for n in reversed(nodes):
