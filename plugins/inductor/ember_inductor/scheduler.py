@@ -18,6 +18,7 @@ import dataclasses
 from typing import Any, Sequence
 
 import sympy
+import torch
 
 from .ir import Buffer, ComputedBuffer, ExternKernel, MultiOutput, Reduction, ReinterpretView
 from .sizes import FloorDiv, ModularIndexing, product, rvar, sym, var
@@ -408,6 +409,38 @@ def _returns_alias(op: Any) -> bool:
     return any(r.alias_info is not None for r in schema.returns)
 
 
+# ATen ops whose ``out=`` overload the wrapper calls to write into a dead buffer; each takes the
+# default overload's arguments plus ``out`` and keeps ``out``'s strides when its size is right
+_OUT_OPS = ("mm", "addmm", "bmm", "baddbmm")
+
+
+def out_overload(op: Any) -> Any:
+    """The ``.out`` overload an extern call of ``op`` may write through, or None."""
+    if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten":
+        return None
+    if op._overloadname != "default" or op._schema.name.split("::")[-1] not in _OUT_OPS:
+        return None
+    return getattr(op.overloadpacket, "out", None)
+
+
+def _dense(layout: Any) -> bool:
+    """Non-overlapping and dense, offset 0: any same-extent storage can hold it through a view."""
+    try:
+        size = [int(s) for s in layout.size]
+        stride = [int(s) for s in layout.stride]
+        if int(getattr(layout, "offset", 0) or 0) != 0:
+            return False
+    except TypeError:
+        return False
+    expect = 1
+    for sz, st in sorted(((sz, st) for sz, st in zip(size, stride) if sz != 1),
+                         key=lambda p: p[1]):
+        if st != expect:
+            return False
+        expect *= sz
+    return True
+
+
 def plan_buffer_reuse(steps: Sequence[Any], buffers: dict[str, Any], last: dict[str, int],
                       keep: set[str]) -> tuple[dict[str, str], set[str]]:
     """Which buffers a wrapper can take over from dead ones instead of allocating.
@@ -415,8 +448,11 @@ def plan_buffer_reuse(steps: Sequence[Any], buffers: dict[str, Any], last: dict[
     ``steps`` are the schedule's steps, ``last[name]`` the step of each buffer's last use,
     ``keep`` the names never freed (inputs, outputs, constants). A buffer written by a C++ region
     may reuse the storage of a buffer that died at an earlier step (a region's buffer, or the
-    result of an ATen call whose schema says it is a fresh tensor) of the same dtype and the same
-    storage extent. A dead buffer is held for reuse only when a later allocation of its kind is
+    result of an ATen call whose schema says it is a fresh tensor) of the same dtype, device and
+    storage extent; so may the dense result of an ATen call with an ``out=`` overload
+    (:func:`out_overload`), which the wrapper then writes through ``out=``. A buffer dead after
+    step ``j`` is offered from step ``j + 1`` on, so a call never writes into its own input. A
+    dead buffer is held for reuse only when a later allocation of its kind is
     still unmatched, so nothing is kept alive that would not be reused.
 
     Returns ``(reuse, held)``: ``reuse[new] = old`` and the names held instead of freed."""
@@ -434,7 +470,7 @@ def plan_buffer_reuse(steps: Sequence[Any], buffers: dict[str, Any], last: dict[
         if lay is None or name in aliased or name in keep:
             return None
         ext = _extent(lay)
-        return None if ext is None else (lay.dtype, ext)
+        return None if ext is None else (lay.dtype, str(lay.device), ext)
 
     allocs: list[tuple[int, str, Any]] = []
     for i, st in enumerate(steps):
@@ -443,6 +479,11 @@ def plan_buffer_reuse(steps: Sequence[Any], buffers: dict[str, Any], last: dict[
                 k = key(n)
                 if k is not None:
                     allocs.append((i, n, k))
+        elif (isinstance(st, ExternKernel) and not st.multi and out_overload(st.op) is not None
+              and "out" not in st.kwargs and _dense(st.layout)):
+            k = key(st.name)
+            if k is not None:
+                allocs.append((i, st.name, k))
     reusable_origin = set()
     for st in steps:
         if isinstance(st, CppRegion):

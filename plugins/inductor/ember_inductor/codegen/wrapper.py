@@ -13,7 +13,7 @@ import sympy
 import torch
 
 from ..ir import Buffer, ExternKernel, MultiOutput, NoneValue, ReinterpretView
-from ..scheduler import CppRegion, Scheduler, _reads_of, plan_buffer_reuse
+from ..scheduler import CppRegion, Scheduler, _reads_of, out_overload, plan_buffer_reuse
 from ..sizes import to_py
 
 __all__ = ["generate_wrapper"]
@@ -161,9 +161,12 @@ class WrapperWriter:
         keep = set(s.output_names) | {b.name for b in g.inputs} | set(g.constants)
         # dead buffers whose storage a later buffer of the same dtype and extent takes over
         reuse, held = plan_buffer_reuse(s.steps, self._by_name, last, keep)
-        # buffers a C++ region writes: allocated here in their declared layout (an ATen call's
-        # result may come back with other strides than its metadata's, so it is always viewed)
+        # buffers a C++ region writes, and ATen results written through ``out=`` into a reused
+        # buffer: in their declared layout (an ATen call's own result may come back with other
+        # strides than its metadata's, so it is always viewed)
         region_writes = {n for st in s.steps if isinstance(st, CppRegion) for n in st.writes}
+        region_writes |= {st.name for st in s.steps
+                          if isinstance(st, ExternKernel) and st.name in reuse}
         for i, st in enumerate(s.steps):
             if isinstance(st, CppRegion):
                 ptrs = []
@@ -205,9 +208,21 @@ class WrapperWriter:
                 if st.kwargs:
                     call += (", " if st.args else "") + ", ".join(
                         f"{k}={self.value(v)}" for k, v in st.kwargs.items())
-                call += ")"
                 shape = "" if st.multi else f" {list(st.layout.size)}"
-                body.append(f"    {st.name} = {call}  # {st.kind}{shape}")
+                old = reuse.get(st.name)
+                if old is not None:
+                    # write into the dead buffer through the op's out= overload, in exactly
+                    # the declared layout (out= keeps the strides of an out of the right size)
+                    lay = st.layout
+                    target = old
+                    if not (old in region_writes and _same_layout(self._buffer(old).layout, lay)):
+                        target = f"_view({old}, {_tuple(lay.size)}, {_tuple(lay.stride)}, 0)"
+                    call = call.replace(_op_path(st.op), _op_path(out_overload(st.op)), 1)
+                    call += (", " if st.args or st.kwargs else "") + f"out={target})"
+                    body.append(f"    {st.name} = {call}; del {old}  # {st.kind}{shape} reuse")
+                else:
+                    call += ")"
+                    body.append(f"    {st.name} = {call}  # {st.kind}{shape}")
             elif isinstance(st, MultiOutput):
                 idx = "".join(f"[{p}]" for p in st.path)
                 body.append(f"    {st.name} = {st.parent.name}{idx}")
