@@ -183,6 +183,8 @@ def test_aten_convolution_is_channels_last_for_channels_last_input(
     y = torch.ops.aten.convolution.default(x, w, *conv)
     assert y.stride() == layout.channels_last_stride(y.shape) or y.is_contiguous(
         memory_format=CL)
+    if k == 1 and stride > 1:
+        return  # the lowering keeps this backward on contiguous layouts (an ATen heap bug)
     for go in (torch.randn(y.shape, dtype=dtype).to(memory_format=CL),
                torch.randn(y.shape, dtype=dtype)):
         gi, gw, _ = torch.ops.aten.convolution_backward.default(
@@ -356,3 +358,25 @@ def test_sink_pure_nodes_leaves_graphs_with_writes_alone() -> None:
     before = [n.name for n in gm.graph.nodes]
     assert layout.sink_pure_nodes(gm) == 0
     assert [n.name for n in gm.graph.nodes] == before
+
+
+def test_strided_1x1_convolution_backward_runs_on_contiguous_layouts() -> None:
+    """ATen's channels-last backward of a strided 1x1 convolution corrupts the heap at some
+    sizes (batch 3, 10x8 input, stride 2); the lowering keeps it on eager's layouts, so this
+    training step (it crashed the process) matches eager."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                      nn.Conv2d(8, 16, 1, stride=2, bias=False))
+    ref = copy.deepcopy(m)
+    f = ember.compile(m, backend="inductor")
+    for _ in range(2):
+        x1 = torch.randn(3, 3, 10, 8, requires_grad=True)
+        x2 = x1.detach().clone().requires_grad_()
+        y1, y2 = f(x1), ref(x2)
+        _close(y1.detach(), y2.detach(), "output")
+        y1.square().sum().backward()
+        y2.square().sum().backward()
+        _close(x1.grad, x2.grad, "input grad")
+        for (name, p1), p2 in zip(ref.named_parameters(), m.parameters()):
+            _close(p2.grad, p1.grad, f"grad {name}")
+            p1.grad = p2.grad = None
