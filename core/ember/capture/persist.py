@@ -65,7 +65,7 @@ __all__ = ["enabled", "save", "load", "counters"]
 
 log = logging.getLogger("ember.capture.persist")
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 NAMESPACE = "capture"
 
 #: ``hits`` (entries rebuilt without tracing), ``saved``, ``misses`` (no entry, or one that did not
@@ -595,6 +595,8 @@ def save(cf: Any, entry: Any, args: tuple, kwargs: dict) -> None:
 def _save(cf: Any, entry: Any, args: tuple, kwargs: dict) -> None:
     from .._store import put_text
 
+    if cf.cache.entries:
+        raise _Refuse("a recompile (only a process's first capture of a function is stored)")
     cap = getattr(entry, "capture", None)
     gm = getattr(entry, "graph_module", None)
     src = getattr(entry, "source", None)
@@ -618,7 +620,8 @@ def _save(cf: Any, entry: Any, args: tuple, kwargs: dict) -> None:
     record = {"format": FORMAT_VERSION, "source": src, "guards": list(entry.guards),
               "graph": _dumps_graph(gm), "recipes": recipes, "files": finder.files,
               "graph_id": cap.graph_id,
-              "inputs": [[i.kind, i.source, i.stable_address, i.fetch] for i in cap.inputs]}
+              "inputs": [[i.kind, i.source, i.stable_address, i.fetch, i.module_path]
+                         for i in cap.inputs]}
     put_text(NAMESPACE, _key(cf, args, kwargs), json.dumps(record))
     counters["saved"] += 1
 
@@ -634,6 +637,8 @@ def load(cf: Any, args: tuple, kwargs: dict,
     these arguments; None otherwise (capture as usual)."""
     from .._store import get_text
 
+    if cf.cache.entries:  # a recompile in this process: captured as usual (what is stored
+        return None       # and rebuilt is a function's first capture in a process)
     t0 = time.perf_counter()
     try:
         text = get_text(NAMESPACE, _key(cf, args, kwargs))
@@ -725,7 +730,7 @@ def _load(cf: Any, rec: dict[str, Any], args: tuple, kwargs: dict,
             raise _Refuse("a guard fails")
         raise _Refuse("the entry did not call its graph")
     gm = _loads_graph(rec["graph"])
-    infos = [InputInfo(k, s, bool(a)) for k, s, a, _ in rec["inputs"]]
+    infos = [InputInfo(k, s, bool(a)) for k, s, a, *_ in rec["inputs"]]
     t0 = time.perf_counter()
     compiled = compile_graph(gm, inputs, cf.backend, cf.options, inputs=infos,
                              graph_id=rec["graph_id"])
@@ -740,6 +745,47 @@ def _load(cf: Any, rec: dict[str, Any], args: tuple, kwargs: dict,
     entry.persisted = True
     entry.capture = _announce(fn, rec, gm)
     return entry
+
+
+def _origin(text: str, kind: str, module_path: str | None) -> Any:
+    """The structured source a capture input's text prints as, for the common shapes (an
+    argument, a module child's parameter or buffer); otherwise a stand-in that answers the
+    same questions."""
+    import re
+
+    from .sources import Buffer, Local, ModuleChild, Param
+
+    m = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)((?:\._(?:modules|parameters|buffers)"
+                     r"\['[^'\\]*'\])*)", text)
+    if m is not None:
+        src: Any = Local(m.group(1))
+        for what, key in re.findall(r"\._(modules|parameters|buffers)\['([^'\\]*)'\]",
+                                    m.group(2)):
+            cls = {"modules": ModuleChild, "parameters": Param, "buffers": Buffer}[what]
+            src = cls(base=src, key=key)
+        if str(src) == text:
+            return src
+    return _Origin(text, kind, module_path)
+
+
+class _Origin:
+    """What a rebuilt capture's inputs can say of their source (the traced structured source is
+    not stored): its text, its path below the root module, parameter or buffer."""
+
+    def __init__(self, text: str, kind: str, module_path: str | None):
+        self.text, self.kind, self.path = text, kind, module_path
+
+    def __str__(self) -> str:
+        return self.text
+
+    def module_path(self) -> str | None:
+        return self.path
+
+    def is_parameter(self) -> bool:
+        return self.kind == "parameter"
+
+    def is_buffer(self) -> bool:
+        return self.kind == "buffer"
 
 
 def _announce(fn: Any, rec: dict[str, Any], gm: fx.GraphModule) -> Any:
@@ -758,11 +804,19 @@ def _announce(fn: Any, rec: dict[str, Any], gm: fx.GraphModule) -> Any:
         graph_log.info("captured graph for %s %s (%d ops, rebuilt from the on-disk cache):\n%s",
                        where, code.co_name, n_ops, gm.print_readable(print_output=False))
     events.emit("graph_captured", function=where, name=code.co_name, ops=n_ops, graph=gm)
-    inputs = tuple(artifact.CaptureInput(k, s, f, bool(a)) for k, s, a, f in rec["inputs"])
+    inputs = tuple(artifact.CaptureInput(k, s, f, bool(a), origin=_origin(s, k, mp))
+                   for k, s, a, f, mp in rec["inputs"])
     cap = artifact.Capture(function=f"{where} in {code.co_name}", graph_id=rec["graph_id"],
                            graph=gm, inputs=inputs, guards=tuple(rec["guards"]),
                            entry_source=rec["source"], break_reason=None)
     artifact.record(cap)
     events.counters["stats"]["entries"] += 1
+    from .output import code_log, guard_log
+
+    filename = f"<ember entry for {code.co_name} at {where}>"
+    if guard_log.isEnabledFor(logging.INFO):
+        guard_log.info("guards for %s:\n  %s", filename, "\n  ".join(rec["guards"]))
+    if code_log.isEnabledFor(logging.INFO):
+        code_log.info("entry for %s:\n%s", filename, rec["source"])
     events.emit("entry_guards", function=f"{code.co_name} ({where})", guards=list(rec["guards"]))
     return cap
