@@ -263,8 +263,9 @@ def lower_conv(g: Any, plan: LayoutPlan, node: torch.fx.Node, args: Sequence[Any
     if list(w.get_size()[2:]) == [1, 1] and any(st != 1 for st in args[4]):
         # ATen's channels-last backward of a strided 1x1 convolution corrupts the heap for
         # some sizes (torch 2.13, e.g. grad (3,16,5,4), input (3,8,10,8), stride 2: "free():
-        # invalid next size"); this one runs on eager's (contiguous) layouts
-        return None
+        # invalid next size"): this one runs on contiguous operands (contiguous results), and
+        # its input gradient is copied back to channels-last for the layers below
+        return _strided_1x1_backward(g, plan, node, args, origins, meta)
     args[0] = plan.to_channels_last(g, go)
     args[1] = plan.to_channels_last(g, x)
     args[2] = (plan.to_channels_last(g, w) if plan.weights in ("all", "backward")
@@ -282,6 +283,32 @@ def lower_conv(g: Any, plan: LayoutPlan, node: torch.fx.Node, args: Sequence[Any
         g.operations.append(mo)
         outs.append(mo)
     counters["conv"] += 1
+    return tuple(outs)
+
+
+def _strided_1x1_backward(g: Any, plan: LayoutPlan, node: torch.fx.Node, args: list[Any],
+                          origins: list[str], meta: Any) -> Any:
+    from .ir import ExternKernel, Layout, MultiOutput, NoneValue
+    from .sizes import contiguous_strides
+
+    for i in (0, 1):
+        st = tuple(contiguous_strides(list(args[i].get_size())))
+        v = plan.copy_to(g, args[i], st)
+        args[i] = plan.copy_to(g, v, st)  # a lazy value stored channels-last before: copied
+    args[2] = g.realize(args[2])
+    parent = ExternKernel(g.new_name(), None, node.target, args, {}, "extern", origins)
+    g.operations.append(parent)
+    outs: list[Any] = []
+    for i, m in enumerate(meta):
+        if m is None:
+            outs.append(NoneValue())
+            continue
+        size = tuple(m.shape)
+        mo = MultiOutput(g.new_name(), Layout(size, tuple(contiguous_strides(list(size))),
+                                              m.dtype, m.device), parent, (i,))
+        g.operations.append(mo)
+        outs.append(plan.to_channels_last(g, mo) if i == 0 else mo)
+    counters["conv_1x1_strided_backward"] += 1
     return tuple(outs)
 
 
