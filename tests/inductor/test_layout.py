@@ -369,8 +369,9 @@ def test_strided_1x1_convolution_backward_runs_on_contiguous_layouts() -> None:
                       nn.Conv2d(8, 16, 1, stride=2, bias=False))
     ref = copy.deepcopy(m)
     f = ember.compile(m, backend="inductor")
-    for _ in range(2):
-        x1 = torch.randn(3, 3, 10, 8, requires_grad=True)
+    before = layout.counters["conv_1x1_strided_backward"]
+    for shape in ((3, 3, 10, 8), (3, 3, 9, 7), (2, 3, 6, 5)):  # odd sizes: a partial last row
+        x1 = torch.randn(*shape, requires_grad=True)
         x2 = x1.detach().clone().requires_grad_()
         y1, y2 = f(x1), ref(x2)
         _close(y1.detach(), y2.detach(), "output")
@@ -380,3 +381,4 @@ def test_strided_1x1_convolution_backward_runs_on_contiguous_layouts() -> None:
         for (name, p1), p2 in zip(ref.named_parameters(), m.parameters()):
             _close(p2.grad, p1.grad, f"grad {name}")
             p1.grad = p2.grad = None
+    assert layout.counters["conv_1x1_strided_backward"] > before

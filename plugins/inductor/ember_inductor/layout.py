@@ -288,6 +288,66 @@ def lower_conv(g: Any, plan: LayoutPlan, node: torch.fx.Node, args: Sequence[Any
 
 def _strided_1x1_backward(g: Any, plan: LayoutPlan, node: torch.fx.Node, args: list[Any],
                           origins: list[str], meta: Any) -> Any:
+    if list(args[5]) == [0, 0] and not any(args[8]) and args[7] is False:
+        return _subsampled_1x1_backward(g, plan, node, args, origins, meta)
+    return _contiguous_1x1_backward(g, plan, node, args, origins, meta)
+
+
+def _subsampled_1x1_backward(g: Any, plan: LayoutPlan, node: torch.fx.Node, args: list[Any],
+                             origins: list[str], meta: Any) -> Any:
+    """A 1x1 convolution with stride s and no padding reads x[:, :, ::s, ::s] only: its
+    backward is the stride-1 backward on that subsampled input (stored channels-last, 1/s^2 of
+    x), and its input gradient is the stride-1 one at positions (s*i, s*j), zero elsewhere (a
+    lazy value the consumer fuses)."""
+    from .ir import ExternKernel, Layout, MultiOutput, NoneValue, Pointwise
+    from .sizes import FloorDiv, ModularIndexing
+    from .virtualized import ops
+
+    go, x, w = args[0], args[1], args[2]
+    sh, sw = args[4]
+    n_, c_, h_, w_ = x.get_size()
+    ho, wo = go.get_size()[2:]
+    xl = x.make_loader()
+    sub = Pointwise(x.device, x.dtype, [n_, c_, ho, wo],
+                    lambda i: xl([i[0], i[1], i[2] * sh, i[3] * sw]), 1, origins=["layout_copy"])
+    sub = g.realize(sub, list(channels_last_stride([n_, c_, ho, wo])))
+    args = list(args)
+    args[0] = plan.to_channels_last(g, go)
+    args[1] = sub
+    args[2] = g.realize(w)
+    args[4] = [1, 1]
+    parent = ExternKernel(g.new_name(), None, node.target, args, {}, "extern", origins)
+    g.operations.append(parent)
+    outs: list[Any] = []
+    for i, m in enumerate(meta):
+        if m is None:
+            outs.append(NoneValue())
+            continue
+        size = tuple(m.shape) if i != 0 else (n_, c_, ho, wo)
+        stride = channels_last_stride(size) if i < 2 else tuple(m.stride())
+        mo = MultiOutput(g.new_name(), Layout(size, stride, m.dtype, m.device), parent, (i,))
+        g.operations.append(mo)
+        if i == 0:
+            gl = mo.make_loader()
+            dt = m.dtype
+
+            def grad_in(idx: Any, gl: Any = gl, dt: Any = dt) -> Any:
+                zero = ops.constant(0, torch.int64)
+                on_h = ops.eq(ops.index_expr(ModularIndexing(idx[2], 1, sh), torch.int64), zero)
+                on_w = ops.eq(ops.index_expr(ModularIndexing(idx[3], 1, sw), torch.int64), zero)
+                v = gl([idx[0], idx[1], FloorDiv(idx[2], sh), FloorDiv(idx[3], sw)])
+                z = ops.constant(0.0, dt)
+                return ops.where(on_h, ops.where(on_w, v, z), z)
+            outs.append(Pointwise(m.device, dt, list(m.shape), grad_in, 6,
+                                  origins=["convolution_backward"]))
+        else:
+            outs.append(mo)
+    counters["conv_1x1_strided_backward"] += 1
+    return tuple(outs)
+
+
+def _contiguous_1x1_backward(g: Any, plan: LayoutPlan, node: torch.fx.Node, args: list[Any],
+                             origins: list[str], meta: Any) -> Any:
     from .ir import ExternKernel, Layout, MultiOutput, NoneValue
     from .sizes import contiguous_strides
 
