@@ -33,6 +33,9 @@ failure is a miss, and the frame is captured as usual. Rebinding makes identity 
 true, so everything else the guards check (values of attributes and globals read, hooks, grad
 mode, ...) still runs as generated.
 
+Only a function's first capture in a process is stored, and only a function's first compile in
+a process looks for one (a recompile after a guard miss captures as usual).
+
 Graph targets are torch's, Python's or ``aten``/``prims`` operators (a user's custom operator
 is refused: its Python code is not hashed). A rebuilt capture is reported as a traced one is
 (graph counters, ``graph_captured``/``entry_guards`` events, ``ember.last_capture()``).
@@ -730,6 +733,14 @@ def _load(cf: Any, rec: dict[str, Any], args: tuple, kwargs: dict,
             raise _Refuse("a guard fails")
         raise _Refuse("the entry did not call its graph")
     gm = _loads_graph(rec["graph"])
+    state = cf.cache.frame_state if cf.dynamic is None else None
+    if state is not None:  # automatic dynamic: what this capture saw, as a traced one records
+        for (kind, source, *_), value in zip(rec["inputs"], inputs):
+            if kind == "user" and isinstance(value, torch.Tensor):
+                state.see_shape(source, tuple(value.shape))
+        for name, value in roots.items():
+            if type(value) is int:
+                state.see_int(name, value)
     infos = [InputInfo(k, s, bool(a)) for k, s, a, *_ in rec["inputs"]]
     t0 = time.perf_counter()
     compiled = compile_graph(gm, inputs, cf.backend, cf.options, inputs=infos,
