@@ -49,6 +49,15 @@ class OptimizedModule(torch.nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.__dict__["_ember_call"](*args, **kwargs)
 
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # Not through Module.__call__: the compiled call runs the original module's hooks and
+        # the global ones (register_module_forward_hook) once, as ``model(x)`` does; only
+        # hooks registered on this wrapper itself need Module.__call__.
+        if (self._forward_hooks or self._forward_pre_hooks or self._backward_hooks
+                or self._backward_pre_hooks):
+            return super().__call__(*args, **kwargs)
+        return self.__dict__["_ember_call"](*args, **kwargs)
+
     def __getattr__(self, name: str) -> Any:
         if name == "_orig_mod":
             return self._modules["_orig_mod"]

@@ -105,6 +105,7 @@ GOLDEN = {
         'def ___entry(___fn, self, x):\n'
         '    try:\n'
         "        if not (not (self)._forward_pre_hooks and not (self)._forward_hooks and 'forward' not in (self).__dict__ and type(self).forward is ___fn and\n"
+        '            not (___torch.nn.modules.module._global_forward_hooks or ___torch.nn.modules.module._global_forward_pre_hooks) and\n'
         '            ___torch.is_grad_enabled() is False and\n'
         '            ___torch.get_default_dtype() is ___dtype_0 and\n'
         "            not ___torch.is_autocast_enabled('cpu') and\n"

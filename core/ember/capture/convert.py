@@ -118,8 +118,11 @@ def convert_frame(fn: Callable[..., Any], args: tuple, kwargs: dict, *, backend:
             me = f"{me}[0]"
         # Module.__call__ would run hooks, an instance-level forward, or the class's current
         # forward: the entry serves only calls where none of that differs.
+        # Global module hooks (register_module_forward_hook) apply to the root module too.
+        mm = "___torch.nn.modules.module"
         extra = (f"not ({me})._forward_pre_hooks and not ({me})._forward_hooks and "
-                 f"'forward' not in ({me}).__dict__ and type({me}).forward is ___fn",)
+                 f"'forward' not in ({me}).__dict__ and type({me}).forward is ___fn",
+                 f"not ({mm}._global_forward_hooks or {mm}._global_forward_pre_hooks)")
     return _convert_frame(fn, args, kwargs, backend=backend, options=options,
                           compile_graph=compile_graph,
                           fullgraph=fullgraph, extra_guards=extra, policy=policy)
@@ -530,8 +533,15 @@ def _callee_inner(fn_var: Var, rec: Reconstructor, backend: Any, options: dict[s
             rec.expr(fn_var)]
     if isinstance(fn_var, NNModuleVar):
         m = fn_var.value
-        if not (m._forward_hooks or m._forward_pre_hooks or m._backward_hooks) and \
+        from torch.nn.modules import module as _mm
+        if not (m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
+                or _mm._global_forward_hooks or _mm._global_forward_pre_hooks
+                or _mm._global_backward_hooks) and \
                 "forward" not in m.__dict__ and type(m).forward is not torch.nn.Module.forward:
+            # the forward is called without Module.__call__: only while no hook would run
+            mm = out.ns(_mm, "module_mod")
+            out.guards.add(f"not ({mm}._global_forward_hooks or {mm}._global_forward_pre_hooks "
+                           f"or {mm}._global_backward_hooks)")
             cf = CompiledFunction(type(m).forward, backend, options, dynamic=out.policy.mode)
             return out.ns(cf, "compiled_forward"), [rec.expr(fn_var)]
     return rec.expr(fn_var), []

@@ -237,7 +237,9 @@ class CompiledFunction:
         once per code object even when several threads miss at the same time."""
         m = self.bound_self
         if self._root_module:
-            if m._forward_pre_hooks or m._forward_hooks or "forward" in m.__dict__:
+            from torch.nn.modules import module as _mm
+            if (m._forward_pre_hooks or m._forward_hooks or "forward" in m.__dict__
+                    or _mm._global_forward_hooks or _mm._global_forward_pre_hooks):
                 # Hooks or a forward set on the instance: the entries of the class's forward do
                 # not serve this call; a call through Module.__call__ (hooks traced) does.
                 if self._hooked is None:
