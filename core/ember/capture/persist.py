@@ -742,6 +742,10 @@ def _load(cf: Any, rec: dict[str, Any], args: tuple, kwargs: dict,
             if type(value) is int:
                 state.see_int(name, value)
     infos = [InputInfo(k, s, bool(a)) for k, s, a, *_ in rec["inputs"]]
+    # named as a traced capture would be here, counting this code's graphs in this process (a
+    # recompile after a rebuilt capture gets the next name, not the stored one again)
+    from .convert import _next_graph_id
+    rec = dict(rec, graph_id=_next_graph_id(fn.__code__))
     t0 = time.perf_counter()
     compiled = compile_graph(gm, inputs, cf.backend, cf.options, inputs=infos,
                              graph_id=rec["graph_id"])
