@@ -49,6 +49,10 @@ def _count_builds(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
 def test_cache_dir_env_and_default(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     assert cache.cache_dir() == tmp_path / "cache"
     monkeypatch.delenv("EMBER_CACHE_DIR")
+    # as in a process started without EMBER_CACHE_DIR (the test session sets one of its own)
+    import ember.config
+    monkeypatch.setattr(ember.config, "cache_dir",
+                        str(Path(os.path.expanduser("~")) / ".cache" / "ember"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert cache.cache_dir() == tmp_path / "xdg" / "ember"
     monkeypatch.delenv("XDG_CACHE_HOME")
