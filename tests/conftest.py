@@ -3,12 +3,9 @@ state, environment variables or installed distributions)."""
 
 from __future__ import annotations
 
-import atexit
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import textwrap
 from pathlib import Path
 from typing import Iterable
@@ -17,14 +14,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
-
-# Every test session starts from an empty on-disk cache (kernels, AOT results, persisted
-# captures), as CI's fresh machine does: results must not depend on what earlier runs left in the
-# user's cache. An EMBER_CACHE_DIR set by the caller wins.
-if "EMBER_CACHE_DIR" not in os.environ:
-    _SESSION_CACHE = tempfile.mkdtemp(prefix="ember-tests-cache-")
-    os.environ["EMBER_CACHE_DIR"] = _SESSION_CACHE
-    atexit.register(shutil.rmtree, _SESSION_CACHE, True)
 
 
 def run_python(code: str, *, pythonpath: Iterable[str | os.PathLike] = (),
