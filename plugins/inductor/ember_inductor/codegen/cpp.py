@@ -423,10 +423,9 @@ class CppKernel:
         h = self.hoist
         assert h is not None
         key = f"{expr}|{dtype}"
-        for sc in reversed(self.scopes):
-            v = sc.get(key)
-            if v is not None:
-                return v
+        v = self._seen(key)
+        if v is not None:
+            return v
         name = self.new_tmp()
         self.lines.insert(h["pos"], "  " * h["indent"] + f"{compute_type(dtype)} {name} = {expr};")
         h["pos"] += 1
@@ -443,6 +442,14 @@ class CppKernel:
                   f"__atomic_store_n(&e_status, {code}, __ATOMIC_RELAXED);{then} }}")
 
     # -- emission helpers ----------------------------------------------------------------------
+    def _seen(self, key: str) -> CppVar | None:
+        """The variable already holding ``key`` (expression and dtype) in an enclosing scope."""
+        for sc in reversed(self.scopes):
+            v = sc.get(key)
+            if v is not None:
+                return v
+        return None
+
     def line(self, s: str) -> None:
         self.lines.append("  " * self.indent + s)
 
@@ -460,10 +467,9 @@ class CppKernel:
 
     def cse(self, expr: str, dtype: torch.dtype) -> CppVar:
         key = f"{expr}|{dtype}"
-        for sc in reversed(self.scopes):
-            v = sc.get(key)
-            if v is not None:
-                return v
+        v = self._seen(key)
+        if v is not None:
+            return v
         name = self.new_tmp()
         self.line(f"{compute_type(dtype)} {name} = {expr};")
         v = CppVar(name, dtype)
