@@ -121,6 +121,14 @@ def dyn_compile(gm: fx.GraphModule, example: Sequence[Any], dynamic: Sequence[An
     return compiled
 
 
+def _branch_on_count(x: torch.Tensor) -> Any:
+    y = x[x > 0]
+    return y.sum() if y.shape[0] > 2 else y.prod()  # a guard on an unbacked size
+
+
+torch.fx.wrap("_branch_on_count")
+
+
 def trace(fn: Callable[..., Any]) -> fx.GraphModule:
     gm = fx.symbolic_trace(fn)
     out = next(n for n in gm.graph.nodes if n.op == "output")
@@ -380,22 +388,47 @@ def test_guard_added_by_tracing_is_checked(caplog: pytest.LogCaptureFixture) -> 
         assert "size guard" in caplog.text
 
 
-def test_data_dependent_op_is_refused_with_reason() -> None:
+def test_data_dependent_op_gets_an_unbacked_size() -> None:
+    # nonzero's row count is an unbacked symbol inside the graph, read from the result at run
+    # time: one graph serves every input size and every count (tests/aot/test_unbacked.py)
     def f(x: torch.Tensor) -> Any:
         return torch.nonzero(x) * 2
 
     gm = trace(f)
-    with torch.no_grad(), pytest.raises(RuntimeError, match="data-dependent"):
-        dyn_compile(gm, [torch.tensor([0.0, 1.0, 2.0])], [(0,)])
+    spy = Spy()
+    with torch.no_grad():
+        compiled = dyn_compile(gm, [torch.tensor([0.0, 1.0, 2.0])], [(0,)], spy)
+        for x in (torch.tensor([0.0, 1.0, 2.0, 0.0, 3.0]), torch.zeros(4), torch.ones(2)):
+            assert_close(compiled(x)[0], f(x))
+    assert spy.calls == 3
 
 
-def test_item_is_refused_with_reason() -> None:
+def test_item_is_read_at_run_time() -> None:
     def f(x: torch.Tensor) -> Any:
         return x * x.sum().item()
 
     gm = trace(f)
-    with pytest.raises(RuntimeError, match="data-dependent"):
-        dyn_compile(gm, [torch.randn(3, requires_grad=True)], [(0,)])
+    spy = Spy()
+    compiled = dyn_compile(gm, [torch.randn(3, requires_grad=True)], [(0,)], spy)
+    for n in (3, 5):
+        x = torch.randn(n)
+        xc, xe = _leaf(x, True), _leaf(x, True)
+        out = compiled(xc)[0]
+        ref = f(xe)
+        assert_close(out, ref)
+        out.sum().backward()
+        ref.sum().backward()
+        assert_close(xc.grad, xe.grad)
+    assert [k for k, _, _ in spy.graphs] == ["forward", "backward"]
+
+
+def test_branch_on_data_is_refused_with_reason() -> None:
+    def f(x: torch.Tensor) -> Any:
+        return _branch_on_count(x)
+
+    gm = trace(f)
+    with torch.no_grad(), pytest.raises(RuntimeError, match="data-dependent.*branches on it"):
+        dyn_compile(gm, [torch.tensor([0.0, 1.0, 2.0])], [(0,)])
 
 
 def test_static_compile_is_unchanged() -> None:

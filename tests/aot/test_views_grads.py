@@ -143,14 +143,17 @@ def _masked_assign(x, m, v):
     return y * 2
 
 
-def test_data_dependent_backward_runs_eagerly_with_a_clear_reason(caplog):
+def test_data_dependent_backward_is_compiled(caplog):
+    # the backward of v is grad[m], whose size depends on m's values: an unbacked symbol in the
+    # backward graph (torch.compile compiles it as one graph too), not an eager fallback
     import logging
 
     m = torch.tensor([True, False, True, False, True])
     x, v = torch.randn(5, requires_grad=True), torch.randn(3, requires_grad=True)
-    with ember.config.patch(suppress_errors=True), caplog.at_level(logging.INFO, "ember"):
+    with ember.config.patch(suppress_errors=False), caplog.at_level(logging.INFO, "ember"):
         out = _compile(_masked_assign)(x, m, v)
-    assert any("data-dependent shape" in r.getMessage() for r in caplog.records)
+    # suppress_errors=False: a refused graph would raise; nothing ran eagerly either
+    assert not any(r.name == "ember.fallback" for r in caplog.records)
     out.sum().backward()
     xe, ve = x.detach().clone().requires_grad_(), v.detach().clone().requires_grad_()
     _masked_assign(xe, m, ve).sum().backward()
@@ -162,16 +165,60 @@ def _index_put(x, m, v):
     return (torch.index_put(x, (m,), v) * 2,)
 
 
+class _BranchOnData(torch.autograd.Function):
+    """A backward that branches on a size that depends on tensor data."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        if g[x > 0].shape[0] > 2:
+            return g * 2
+        return g * 3
+
+
+def _branch_on_data(x):
+    return _BranchOnData.apply(x)
+
+
+torch.fx.wrap("_branch_on_data")
+
+
+def _branchy(x):
+    return (_branch_on_data(x) * 1.5,)
+
+
 def test_variant_that_cannot_be_traced_runs_the_graph_eagerly(caplog):
+    from aot_util import compile_fn
+
+    x = torch.tensor([1.0, -2.0, 3.0, 4.0, -5.0])
+    compiled = compile_fn(_branchy, [x])  # inference variant: traces fine
+    torch.testing.assert_close(compiled(x), _branchy(x))
+    xg = x.clone().requires_grad_()
+    out = compiled(xg)[0]  # training variant: a branch on data in the backward -> eager graph
+    assert any("running it eagerly" in r.getMessage() and "branches on it" in r.getMessage()
+               for r in caplog.records)
+    torch.testing.assert_close(out, _branchy(x)[0])
+    out.sum().backward()
+    xe = x.clone().requires_grad_()
+    _branchy(xe)[0].sum().backward()
+    torch.testing.assert_close(xg.grad, xe.grad)
+
+
+def test_index_put_training_variant_built_at_call_time():
     from aot_util import compile_fn
 
     m = torch.tensor([True, False, True, False, True])
     x, v = torch.randn(5), torch.randn(3)
-    compiled = compile_fn(_index_put, [x, m, v])  # inference variant: traces fine
+    compiled = compile_fn(_index_put, [x, m, v])  # inference variant first
     torch.testing.assert_close(compiled(x, m, v), _index_put(x, m, v))
     xg, vg = x.clone().requires_grad_(), v.clone().requires_grad_()
-    out = compiled(xg, m, vg)[0]  # training variant: data-dependent backward -> eager graph
-    assert any("running it eagerly" in r.getMessage() for r in caplog.records)
+    out = compiled(xg, m, vg)[0]  # training variant: grad[m] in the backward, compiled
+    assert not any(type(v).__name__ == "_RunEagerly" for v in compiled._variants.values())
     torch.testing.assert_close(out, _index_put(x, m, v)[0])
     out.sum().backward()
     xe, ve = x.clone().requires_grad_(), v.clone().requires_grad_()
@@ -193,9 +240,9 @@ def test_sparse_gradient_reaching_a_compiled_output():
     torch.testing.assert_close(gc, ge)
 
 
-def test_local_scalar_dense_under_aot_is_refused_with_a_clear_reason():
-    # A graph that reads a Python number from a tensor (MoE routing does) cannot be traced with
-    # static shapes: AOT autograd says so (the caller then runs the graph eagerly), no wrong result.
+def test_local_scalar_dense_under_aot_is_compiled():
+    # A graph that reads a Python number from a tensor (MoE routing does) is traced with an
+    # unbacked symbol for that number, as torch.compile does: results and gradients as eager's.
     import torch.fx as fx
     from ember.aot import aot_compile
 
@@ -206,11 +253,18 @@ def test_local_scalar_dense_under_aot_is_refused_with_a_clear_reason():
     g.output((g.call_function(torch.ops.aten.mul.Tensor, (x, s)),))
     gm = fx.GraphModule(torch.nn.Module(), g)
     for rg in (False, True):
-        with pytest.raises(RuntimeError,
-                           match="data-dependent shape or value.*_local_scalar_dense"):
-            aot_compile(gm, [torch.randn(3, requires_grad=rg)],
-                        backend=ember.get_backend("aot_eager"))
-
+        x0 = torch.randn(3)
+        compiled = aot_compile(gm, [x0.clone().requires_grad_(rg)],
+                               backend=ember.get_backend("aot_eager"))
+        for xv in (x0, torch.randn(3)):  # another value: read at run time, not baked in
+            xc, xe = xv.clone().requires_grad_(rg), xv.clone().requires_grad_(rg)
+            out = compiled(xc)[0]
+            ref = xe * xe.sum().item()
+            torch.testing.assert_close(out, ref)
+            if rg:
+                out.sum().backward()
+                ref.sum().backward()
+                torch.testing.assert_close(xc.grad, xe.grad)
 
 # -- a backend's compiled ATen graph returning the wrong structure ----------------------------
 

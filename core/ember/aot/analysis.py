@@ -230,8 +230,9 @@ def analyze(gm: Any, tensors: Sequence[Any], requires_grad: Sequence[bool],
                        graph_out_sym=frozenset(j for j, k in enumerate(graph_out_flat)
                                                if is_sym(flat[k])))
     if need_grad_info:
-        _grad_info(gm, tensors, requires_grad, result, mode if metas is not None else None,
-                   metas)
+        # the same mode: dynamic shapes (capture's), or static shapes with unbacked symbols
+        _grad_info(gm, tensors, requires_grad, result,
+                   mode if metas is not None or mode.shape_env is not None else None, metas)
     return result
 
 

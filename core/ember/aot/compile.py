@@ -15,8 +15,9 @@ from .analysis import GraphInfo, analyze
 from .partition import partition_joint
 from .names import readable_names, rename_placeholders
 from .runtime import ForwardOnly, Training
-from .symbolic import (DataDependentSymbols, ShapeEnvWatch, SizeExprs, SymbolBinder, guard_check,
-                       hint, is_sym, to_hint)
+from .symbolic import (DataDependentSymbols, ShapeEnvWatch, SizeExprs, SymbolBinder,
+                       allow_unbacked, discard_unbacked, example_hint, guard_check,
+                       has_unbacked, is_sym, unbacked_mode)
 from .trace import trace_forward, trace_joint
 
 __all__ = ["aot_compile", "AOTCompiled"]
@@ -26,15 +27,17 @@ log = logging.getLogger("ember.aot")
 
 def _example_from_meta(gm: torch.fx.GraphModule) -> list[Any]:
     """Real (zero-filled) tensors matching a graph's placeholders, for backend.compile; symbolic
-    sizes take their example values, SymInt placeholders become those ints."""
+    sizes take their example values, SymInt placeholders become those ints (a data-dependent
+    size, an unbacked symbol, a stand-in value: see :func:`ember.aot.symbolic.example_hint`)."""
     out: list[Any] = []
     for n in gm.graph.nodes:
         if n.op == "placeholder":
             v = n.meta.get("val")
             if not isinstance(v, torch.Tensor):
-                out.append(hint(v))
+                out.append(example_hint(v))
                 continue
-            out.append(torch.empty_strided(to_hint(v.shape), to_hint(v.stride()), dtype=v.dtype,
+            out.append(torch.empty_strided(tuple(map(example_hint, v.shape)),
+                                           tuple(map(example_hint, v.stride())), dtype=v.dtype,
                                            device=v.device).zero_())
     return out
 
@@ -221,42 +224,69 @@ class AOTCompiled:
         return fn
 
     def _build(self, key: Any, args: Sequence[Any], inputs: list[Any]) -> Any:
-        watch = ShapeEnvWatch(self.fake_mode.shape_env) if self.dynamic else None
+        """Trace, partition and compile one variant.
+
+        Data-dependent results (``nonzero``, ``x[mask]``, ``masked_select``, ``.item()``, the
+        backward of ``x[mask] = v``) get unbacked symbols: sizes that flow through the graphs and
+        are read from the tensors at run time, as torch.compile does. Dynamic shapes: capture's
+        ShapeEnv allows them while AOT traces. Static shapes: the graph is traced as before
+        (no ShapeEnv at all) and, only when that meets a data-dependent op, traced again over
+        static inputs in a mode whose ShapeEnv makes unbacked symbols. A branch on such a value
+        (a guard on an unbacked symbol) still refuses the graph, with the op as the reason."""
         try:
-            runtime = self._build_variant(key, args, inputs, watch)
+            if self.dynamic:
+                watch = ShapeEnvWatch(self.fake_mode.shape_env)
+                with allow_unbacked(self.fake_mode.shape_env):
+                    runtime = self._build_variant(key, args, inputs, watch, self.fake_mode)
+            else:
+                try:
+                    runtime = self._build_variant(key, args, inputs, None, None)
+                except Exception as e:
+                    op = _data_dependent(e)
+                    if op is None:
+                        raise
+                    log.debug("AOT autograd: data-dependent op in graph %s (%s); tracing again "
+                              "with unbacked symbols", getattr(self.context, "graph_id", "?"), op)
+                    mode = unbacked_mode()
+                    watch = ShapeEnvWatch(mode.shape_env)
+                    runtime = self._build_variant(key, args, inputs, watch, mode)
         except Exception as e:
+            from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
             op = _data_dependent(e)
-            if op is None and watch is not None:
-                # the error came after an op made an unbacked symbol (nonzero, .item()): that
-                # op's result depends on tensor data, whatever failed next
-                op = watch.unbacked_description()
             if op is None:
                 raise
             where = "forward" if key == "inference" else "joint forward/backward"
-            how = ("symbolic shapes cannot express it" if self.dynamic
-                   else "AOT autograd traces static shapes")
+            how = ("the graph branches on it (a guard on an unbacked symbol), which a compiled "
+                   "graph cannot do" if isinstance(e, GuardOnDataDependentSymNode)
+                   else "no symbolic size can express it")
             raise RuntimeError(
                 f"data-dependent shape or value in the {where} graph ({op}: its result depends "
                 f"on tensor values); {how}") from e
         return runtime
 
     def _build_variant(self, key: Any, args: Sequence[Any], inputs: list[Any],
-                       watch: ShapeEnvWatch | None) -> Any:
+                       watch: ShapeEnvWatch | None, mode: Any) -> Any:
+        """``mode``: capture's FakeTensorMode (dynamic shapes), a static mode whose ShapeEnv
+        makes unbacked symbols (:func:`unbacked_mode`), or None (static, no ShapeEnv)."""
         from . import cache  # on-disk AOT results: a warm start traces nothing
         ck, hit = cache.lookup(self, key, args, inputs)
         if hit is not None:
             return hit
+        if mode is not None and not self.dynamic:
+            ck = None  # unbacked symbols: sizes the cache's format cannot express
         t0 = time.perf_counter()
         fn = self._graph_fn(args)
         training = key != "inference"
         rg = list(key) if training else [False] * len(inputs)
-        mode, metas = self.fake_mode, self.metas
+        metas = self.metas
         # Every stage runs the graph, and with it its grad-mode/autocast switches: each starts
         # from the caller's state (a stage must not see the state an earlier one left).
         from ..backends import _global_state, _set_global_state
         state = _global_state()
-        info: GraphInfo = analyze(fn, inputs, rg, need_grad_info=training, mode=mode,
-                                  metas=metas)
+        with discard_unbacked(mode):
+            info: GraphInfo = analyze(fn, inputs, rg, need_grad_info=training, mode=mode,
+                                      metas=metas)
         _set_global_state(state)
         if training and any(rg[i] for i in info.meta_mutated):
             raise NotImplementedError(
@@ -268,6 +298,8 @@ class AOTCompiled:
                     "dynamic shapes: an in-place view op (t_, transpose_, as_strided_, ...) "
                     "changes an input's sizes or strides; AOT autograd does not support it")
             info.geometry = _alias_geometry(info, self.binder)
+        elif mode is not None:
+            _static_alias_geometry(info)
         out_rg = info.graph_out_requires_grad + info.mutated_requires_grad
         if training and not any(out_rg):
             training = False  # nothing to differentiate: no joint trace needed
@@ -322,7 +354,8 @@ class AOTCompiled:
         runtime = Training(info, fw, lambda: bw, rg, part.n_saved, tangent_meta,
                            part.grad_tangent_deps, part.primal_reaches,
                            backend=str(self.backend.name), n_saved_sym=part.n_saved_sym,
-                           dynamic=self.dynamic)
+                           dynamic=self.dynamic or any(has_unbacked(m[0]) or has_unbacked(m[1])
+                                                       for m in tangent_meta))
         runtime.partition = part  # for inspection (tests, debugging)
         runtime.size_guards = guards
         return runtime
@@ -332,8 +365,14 @@ class AOTCompiled:
         tracing added (see :class:`ember.aot.symbolic.GuardCheck`)."""
         if watch is None:
             return None
-        watch.check_no_new_symbols()
+        watch.check_no_new_symbols(allow_unbacked=True)
         new = watch.new_guards()
+        if not self.dynamic:
+            if new:  # static shapes: there is nothing a guard could check at run time
+                raise NotImplementedError(
+                    "tracing with unbacked symbols added guards "
+                    f"{', '.join(str(g.expr) for g in new)}; AOT autograd cannot check them")
+            return None
         if new:
             log.debug("AOT autograd's tracing added size guards: %s",
                       ", ".join(str(g.expr) for g in new))
@@ -380,6 +419,17 @@ def _specializes(expr: Any) -> bool:
 
     return (isinstance(expr, sympy.Eq) and bool(expr.free_symbols)
             and any(a.is_number for a in expr.args))
+
+
+def _static_alias_geometry(info: GraphInfo) -> None:
+    """Static shapes with unbacked symbols: an output that is a view of an input or of another
+    output is regenerated with its traced geometry, which must then be numbers."""
+    for o in info.outputs:
+        if o.kind in ("input_alias", "output_alias") and not o.same:
+            if not all(isinstance(v, int) for v in (*o.size, *o.stride, o.offset)):
+                raise NotImplementedError(
+                    "an output that is a view has a data-dependent size or stride "
+                    f"({list(o.size)}, {list(o.stride)}); AOT autograd cannot regenerate it")
 
 
 def _alias_geometry(info: GraphInfo, binder: Any) -> Any:

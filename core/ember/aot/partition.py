@@ -67,11 +67,12 @@ def _tensor_bytes(v: Any) -> int | None:
 
 
 def _hint(v: Any) -> int:
-    """A size as an int: a symbolic one by its example value (no guard added)."""
+    """A size as an int: a symbolic one by its example value (no guard added; a data-dependent
+    one by a stand-in value)."""
     if isinstance(v, torch.SymInt):
-        from .symbolic import hint
+        from .symbolic import example_hint
 
-        return int(hint(v))
+        return int(example_hint(v))
     return int(v)
 
 

@@ -29,7 +29,8 @@ class _LazySympy:
 
 sympy = _LazySympy()
 
-__all__ = ["SymbolBinder", "ShapeEnvWatch", "is_sym", "hint", "expr_of", "to_hint"]
+__all__ = ["SymbolBinder", "ShapeEnvWatch", "is_sym", "hint", "expr_of", "to_hint", "example_hint",
+           "has_unbacked", "unbacked_mode", "allow_unbacked", "discard_unbacked"]
 
 log = logging.getLogger("ember.aot")
 
@@ -56,6 +57,93 @@ def hint(v: Any) -> Any:
 
 def to_hint(values: Sequence[Any]) -> tuple[Any, ...]:
     return tuple(hint(v) for v in values)
+
+
+#: The example value an unbacked symbol (a data-dependent size) takes in example inputs and in
+#: the partitioner's cost estimates, clamped to the symbol's known range. Nothing depends on it
+#: being right: examples are never computed with.
+UNBACKED_EXAMPLE = 8
+
+
+def _is_unbacked(s: Any) -> bool:
+    from torch.utils._sympy.symbol import SymT, symbol_is_type
+
+    return symbol_is_type(s, (SymT.UNBACKED_INT, SymT.UNBACKED_FLOAT))
+
+
+def has_unbacked(v: Any) -> bool:
+    """Does a value (a SymInt, a tensor's sizes/strides, a tuple of those) mention an unbacked
+    symbol (a size that depends on tensor data: ``nonzero``, ``x[mask]``, ``.item()``)?"""
+    if isinstance(v, torch.Tensor):
+        return any(has_unbacked(s) for s in (*v.shape, *v.stride()))
+    if isinstance(v, (tuple, list)):
+        return any(has_unbacked(x) for x in v)
+    if isinstance(v, _SYM_TYPES):
+        return any(_is_unbacked(s) for s in v.node.expr.free_symbols)
+    return False
+
+
+def example_hint(v: Any) -> Any:
+    """:func:`hint`, except that a value depending on unbacked symbols gets an example value
+    (each unbacked symbol :data:`UNBACKED_EXAMPLE` clamped to its range) instead of raising."""
+    if not isinstance(v, _SYM_TYPES) or not has_unbacked(v):
+        return hint(v)
+    node = v.node
+    env = node.shape_env
+    subs = {}
+    for s in node.expr.free_symbols:
+        if _is_unbacked(s):
+            r = env.var_to_range.get(s)
+            val = UNBACKED_EXAMPLE
+            if r is not None:
+                lo, hi = r.lower, r.upper
+                if lo.is_finite and val < lo:
+                    val = int(lo) if not isinstance(v, torch.SymFloat) else float(lo)
+                if hi.is_finite and val > hi:
+                    val = int(hi) if not isinstance(v, torch.SymFloat) else float(hi)
+            subs[s] = sympy.Integer(val) if isinstance(val, int) else sympy.Float(val)
+        else:
+            subs[s] = sympy.sympify(env.var_to_val[s])
+    out = node.expr.xreplace(subs)
+    if isinstance(v, torch.SymBool):
+        return bool(out)
+    return float(out) if isinstance(v, torch.SymFloat) else int(out)
+
+
+def unbacked_mode() -> Any:
+    """A FakeTensorMode for tracing with static shapes in which data-dependent ops (``nonzero``,
+    ``x[mask]``, ``masked_select``, ``.item()``) give unbacked symbols instead of raising: every
+    input size is a constant (``static_shapes=True``); only those ops' results are symbolic."""
+    from torch._subclasses import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    env = ShapeEnv(allow_scalar_outputs=True, allow_dynamic_output_shape_ops=True)
+    return FakeTensorMode(allow_non_fake_inputs=True, shape_env=env, static_shapes=True)
+
+
+def discard_unbacked(mode: Any) -> Any:
+    """Unbacked symbols made by a fake run outside make_fx (AOT's analysis of the graph) belong
+    to no graph: make_fx would otherwise look for them in the first op it records and fail."""
+    import contextlib
+
+    env = getattr(mode, "shape_env", None)
+    return env.ignore_fresh_unbacked_symbols() if env is not None else contextlib.nullcontext()
+
+
+class allow_unbacked:
+    """Within: the (capture's) ShapeEnv lets data-dependent ops make unbacked symbols; its
+    settings are restored on exit (capture's own tracing keeps breaking the graph on them)."""
+
+    def __init__(self, shape_env: Any):
+        self.env = shape_env
+
+    def __enter__(self) -> None:
+        self.saved = self.env.settings
+        self.env.settings = dataclasses.replace(self.saved, allow_scalar_outputs=True,
+                                                allow_dynamic_output_shape_ops=True)
+
+    def __exit__(self, *exc: Any) -> None:
+        self.env.settings = self.saved
 
 
 def expr_of(v: Any) -> Any:
@@ -224,12 +312,17 @@ class ShapeEnvWatch:
         return ("an op whose output size, or a value read from a tensor, depends on tensor "
                 f"data made the unbacked symbols {', '.join(sorted(map(str, unbacked)))}")
 
-    def check_no_new_symbols(self) -> None:
+    def check_no_new_symbols(self, allow_unbacked: bool = False) -> None:
+        """No symbol but the graph inputs' (``allow_unbacked``: and unbacked ones, the sizes of
+        data-dependent results, which live inside the graphs and are read from tensors there)."""
         new = self.new_symbols()
+        if allow_unbacked:
+            unbacked = set(self.new_unbacked())
+            new = [s for s in new if s not in unbacked]
         if not new:
             return
         what = self.unbacked_description()
-        if what is not None:
+        if what is not None and not allow_unbacked:
             raise DataDependentSymbols(what)
         raise NotImplementedError(
             f"AOT autograd's tracing created new symbols {sorted(map(str, new))}; it must use "

@@ -26,6 +26,7 @@ from torch.utils import _pytree as pytree
 
 from .analysis import GraphInfo, fakeify
 from .opaque import fallen_back, opaque_custom_backwards
+from .symbolic import discard_unbacked
 
 __all__ = ["base_decompositions", "trace_forward", "trace_joint"]
 
@@ -77,6 +78,13 @@ def _make_fx(fn: Callable[..., Any], decomps: Mapping[Any, Any],
     return make_fx(fn, decomposition_table=dict(decomps))
 
 
+def _symbolic(mode: FakeTensorMode | None, metas: Sequence[Any] | None) -> bool:
+    """Trace with make_fx's symbolic mode: dynamic shapes (``metas``), or a mode whose ShapeEnv
+    makes unbacked symbols for data-dependent results (static inputs; see
+    :func:`ember.aot.symbolic.unbacked_mode`)."""
+    return metas is not None or (mode is not None and mode.shape_env is not None)
+
+
 def _cleanup(gm: torch.fx.GraphModule) -> None:
     """Drop functionalization's trailing ``copy_`` into inputs (their new values are already
     outputs) and ``detach`` nodes (identity in a graph that runs without autograd), then DCE."""
@@ -121,8 +129,10 @@ def trace_forward(gm: Any, tensors: Sequence[Any], info: GraphInfo, decomps: Map
     mutated inputs.
 
     Dynamic shapes: ``mode`` is capture's FakeTensorMode and ``metas`` the inputs' symbolic
-    ``meta["val"]``s; the trace uses them (and their ShapeEnv) instead of fresh static fakes."""
-    symbolic = metas is not None
+    ``meta["val"]``s; the trace uses them (and their ShapeEnv) instead of fresh static fakes.
+    Static shapes with ``mode`` a mode over a ShapeEnv: static fakes, data-dependent results get
+    unbacked symbols."""
+    symbolic = _symbolic(mode, metas)
     if mode is None:
         mode = FakeTensorMode(allow_non_fake_inputs=True)
     fakes = fakeify(mode, tensors, None, metas)
@@ -151,7 +161,7 @@ def trace_joint(gm: Any, tensors: Sequence[Any], requires_grad: Sequence[bool], 
     :func:`trace_forward`. ``ignore_symbols`` gets the symbols made by backward traces that were
     abandoned for an opaque custom-op backward (see :mod:`ember.aot.opaque`).
     """
-    symbolic = metas is not None
+    symbolic = _symbolic(mode, metas)
     if mode is None:
         mode = FakeTensorMode(allow_non_fake_inputs=True)
     fakes = fakeify(mode, tensors, requires_grad, metas)
@@ -159,8 +169,9 @@ def trace_joint(gm: Any, tensors: Sequence[Any], requires_grad: Sequence[bool], 
     with mode:
         meta = info.fwd_out_meta
         if meta is None:
-            meta = [(o.shape, o.dtype, o.device) if isinstance(o, torch.Tensor) else None
-                    for o in _fake_outputs(gm, fakes, info)]
+            with discard_unbacked(mode):
+                meta = [(o.shape, o.dtype, o.device) if isinstance(o, torch.Tensor) else None
+                        for o in _fake_outputs(gm, fakes, info)]
         # tangents are contiguous, with the outputs' (symbolic) sizes
         tangents = [torch.empty(m[0], dtype=m[1], device=m[2])
                     for m, rg in zip(meta, out_rg) if rg]
