@@ -84,6 +84,19 @@ def _shape_env(gm: torch.fx.GraphModule) -> Any:
     return None
 
 
+def _unbacked_sizes(gm: torch.fx.GraphModule) -> str | None:
+    """Why the graph has data-dependent sizes (the first node whose value has an unbacked
+    symbol), or None."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    for n in gm.graph.nodes:
+        syms = free_unbacked_symbols(n.meta.get("val"))
+        if syms:
+            return (f"{n.target if n.op == 'call_function' else n.name} has sizes or values "
+                    f"that depend on tensor data ({', '.join(sorted(map(str, syms)))})")
+    return None
+
+
 def generate_source(gm: torch.fx.GraphModule, key: str = "",
                     options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
     """(wrapper source, info) for an ATen graph; the wrapper embeds the C++ source."""
@@ -143,6 +156,13 @@ def compile_inductor(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
         if isinstance(v, torch.Tensor) and v.device.type != "cpu":
             raise NotImplementedError(f"ember-inductor: {v.device.type} graphs are not supported "
                                       "yet (CPU only)")
+    unbacked = _unbacked_sizes(gm)
+    if unbacked is not None:
+        # Sizes that depend on tensor data (nonzero, x[mask], masked_select, .item(): unbacked
+        # symbols) are not lowered: the graph runs as its ATen ops, still one compiled graph.
+        log.info("graph %s runs as ATen ops, not generated code: %s",
+                 getattr(context, "graph_id", "?"), unbacked)
+        return gm.forward
     kind = getattr(context, "kind", None)
     if kind in ("forward", "backward") and not options.get("_layout_final"):
         from . import layout
