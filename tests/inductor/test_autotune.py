@@ -61,7 +61,7 @@ def test_choice_timed_once_then_cached(tmp_path):
             continue
         if isinstance(rec, dict) and rec.get("kind") == "linear":
             choices.append(rec["choice"])
-    assert len(choices) == 2 and set(choices) <= {"addmm", "transposed", "mkl_packed"}
+    assert len(choices) == 2 and set(choices) <= {"addmm", "transposed", "mkl_packed", "onednn"}
     # a fresh compile of the same layers (a new process would do the same) reads the cache
     ember.reset()
     timed = autotune.counters["timed"]
@@ -72,7 +72,7 @@ def test_choice_timed_once_then_cached(tmp_path):
     assert autotune.counters["cached"] == cached + 2
 
 
-@pytest.mark.parametrize("choice", ["addmm", "transposed", "mkl_packed"])
+@pytest.mark.parametrize("choice", ["addmm", "transposed", "mkl_packed", "onednn"])
 def test_every_choice_is_correct(choice, monkeypatch):
     if choice == "mkl_packed" and not torch.backends.mkl.is_available():
         pytest.skip("torch built without MKL: the packed variant is never a candidate")

@@ -6,10 +6,12 @@ frozen (an inference graph's parameter, see :mod:`ember_inductor.freezing`):
 * ``addmm``: ATen's ``addmm(b, x, W.t())`` on the transposed view, as eager runs it;
 * ``transposed``: the same on a copy of ``W.t()`` made contiguous once;
 * ``mkl_packed``: ``mkl._mkl_linear`` on a weight packed once for MKL's sgemm at this batch size
-  (float32, where torch was built with MKL).
+  (float32, where torch was built with MKL);
+* ``onednn``: oneDNN's ``mkldnn._linear_pointwise`` on the weight as it is (float32, where torch
+  was built with oneDNN; also what ``patterns.fuse_linears`` picks between in every mode).
 
-Each is timed on the example sizes (random activations, the real weight), median of a few runs
-after a warm-up. The choice is stored in Ember's on-disk cache (``runtime.cache`` text entries,
+Each is timed on the example sizes (random activations, the real weight): interleaved rounds after
+a warm-up, the best round of each. The choice is stored in Ember's on-disk cache (``runtime.cache`` text entries,
 namespace ``"autotune"``), keyed by the shapes, strides and dtypes, the candidates, the torch
 version and the CPU, so the next compile of the same layer anywhere on this machine reuses it
 without timing. ``mode="reduce-overhead"`` (CUDA graphs on the GPU) changes nothing on the CPU.
@@ -49,16 +51,27 @@ def _machine() -> str:
     return f"{torch.__version__}|{torch.get_num_threads()}|{flags}"
 
 
-def _time(fn: Callable[[], Any]) -> float:
-    fn()
-    fn()
-    ts = []
+def _time_all(candidates: dict[str, Callable[[], Any]]) -> dict[str, float]:
+    """Seconds per call of each candidate: two warm-up calls each, then ``_REPEAT`` rounds that
+    call every candidate once in turn, the best round of each. Interleaved rounds and the
+    minimum: on a machine shared with other work, a burst of load then slows every candidate
+    alike instead of the one that happened to run during it. A candidate that raises is
+    left out."""
+    live: dict[str, Callable[[], Any]] = {}
+    for name, fn in candidates.items():
+        try:
+            fn()
+            fn()
+            live[name] = fn
+        except Exception as e:  # a candidate that fails here is never chosen
+            log.debug("autotune: candidate %s failed: %s", name, e)
+    best = {name: float("inf") for name in live}
     for _ in range(_REPEAT):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    ts.sort()
-    return ts[len(ts) // 2]
+        for name, fn in live.items():
+            t = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - t)
+    return best
 
 
 def choose(kind: str, signature: Any, candidates: dict[str, Callable[[], Any]]) -> str:
@@ -77,12 +90,7 @@ def choose(kind: str, signature: Any, candidates: dict[str, Callable[[], Any]]) 
         if choice in candidates:
             counters["cached"] += 1
             return choice
-    times = {}
-    for name, fn in candidates.items():
-        try:
-            times[name] = _time(fn)
-        except Exception as e:  # a candidate that fails here is never chosen
-            log.debug("autotune %s: candidate %s failed: %s", kind, name, e)
+    times = _time_all(candidates)
     if not times:
         return next(iter(candidates))
     choice = min(times, key=times.__getitem__)
@@ -162,10 +170,24 @@ def tune_linears(gm: torch.fx.GraphModule, const: set[torch.fx.Node],
                 cands["mkl_packed"] = lambda: torch.ops.mkl._mkl_linear(X, packed, W, B, batch)
             except Exception:  # pragma: no cover - MKL builds without packing
                 packed = None
+        from .patterns import linear_op
+
+        onednn = linear_op() if W.dtype == torch.float32 else None
+        if onednn is not None:
+            cands["onednn"] = lambda: onednn(X, W, B, "none", [], "")
         sig = ("linear", tuple(xm.shape), tuple(xm.stride()), tuple(W.shape), tuple(W.stride()),
                str(W.dtype), B is not None)
         choice = choose("linear", sig, cands)
         if choice == "addmm":
+            node.meta["ember_linear"] = "aten"  # chosen over oneDNN: patterns.py keeps it
+            continue
+        if choice == "onednn":
+            with g.inserting_before(node):
+                new = g.call_function(onednn, (x, w, b, "none", [], ""))
+            new.meta["val"] = ym
+            node.replace_all_uses_with(new)
+            g.erase_node(node)
+            changed += 1
             continue
         with g.inserting_before(node):
             if choice == "transposed":

@@ -110,7 +110,8 @@ def generate_source(gm: torch.fx.GraphModule, key: str = "",
 
     from .patterns import rewrite_graph
 
-    gm = rewrite_graph(gm)  # hand-written attention -> one fused kernel (patterns.py)
+    # hand-written attention -> one fused kernel; matrix multiplies -> oneDNN (patterns.py)
+    gm = rewrite_graph(gm, options)
     # symbolic sizes (if any) are known to lowering, scheduling and code generation through one
     # SizeEnv: their example values steer heuristics only
     with size_env(SizeEnv()):

@@ -55,3 +55,7 @@ EXTERN_OPS = {
     aten._scaled_dot_product_flash_attention_backward.default,
     aten.mv.default, aten.dot.default,
 }
+try:  # oneDNN's linear kernel: patterns.fuse_linears routes float32 matrix multiplies to it
+    EXTERN_OPS.add(torch.ops.mkldnn._linear_pointwise.default)
+except (AttributeError, RuntimeError):  # pragma: no cover - builds without oneDNN
+    pass

@@ -1,0 +1,109 @@
+"""Matrix multiplies routed to oneDNN (patterns.fuse_linears): ``addmm``/``mm`` on float32 become
+``mkldnn._linear_pointwise`` calls where allowed and chosen; results equal eager's, whatever the
+operands' layouts (a linear layer's transposed weight, a ``[K, N]`` weight as Hugging Face's
+Conv1D keeps it, a strided activation); what is not eligible stays on ATen."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from ember_inductor import patterns
+from ember_inductor.compile_fx import generate_source, load_wrapper
+from ember_inductor.decompositions import decompositions
+
+from inductor_util import assert_same
+
+pytestmark = pytest.mark.skipif(patterns.linear_op() is None, reason="torch built without oneDNN")
+
+LINEAR = "torch.ops.mkldnn._linear_pointwise.default("
+
+
+def _blocks(x, w1, b1, w2, c, b3):
+    F = torch.nn.functional
+    h = F.gelu(F.linear(x, w1, b1))           # addmm(b1, x, w1.t())
+    y = F.linear(h, w2)                        # mm(h, w2.t())
+    z = torch.addmm(b3, y[:, ::2], c)          # a strided activation, a [K, N] weight
+    return (y, z * 2)
+
+
+def _inputs(dtype=torch.float32):
+    g = torch.Generator().manual_seed(0)
+
+    def r(*s):
+        return torch.randn(*s, generator=g, dtype=dtype)
+
+    return (r(8, 16), r(32, 16) / 4, r(32), r(24, 32) / 6, r(12, 20) / 4, r(20))
+
+
+def _compile(fn, args, **options):
+    gm = make_fx(fn, decomposition_table=decompositions(), tracing_mode="fake")(*args)
+    key = f"pattern-linear-{sorted(options.items())}"
+    src, _ = generate_source(gm, key=key, options=options)
+    return src, load_wrapper(src, gm, key)
+
+
+def test_always_routes_every_matmul_and_matches_eager() -> None:
+    args = _inputs()
+    src, call = _compile(_blocks, args, onednn_linear="always")
+    body = src.split("\ndef call(", 1)[1]
+    assert body.count(LINEAR) == 3, body
+    assert "aten.addmm" not in body and "aten.mm" not in body, body
+    expected = _blocks(*args)
+    for _ in range(2):
+        assert_same(call(*args), expected)
+
+
+def test_off_keeps_aten() -> None:
+    args = _inputs()
+    src, call = _compile(_blocks, args, onednn_linear=False)
+    assert LINEAR not in src
+    assert "aten.addmm" in src and "aten.mm" in src
+    assert_same(call(*args), _blocks(*args))
+
+
+def test_auto_leaves_small_products_on_aten() -> None:
+    args = _inputs()
+    src, call = _compile(_blocks, args)  # every product far under the rule's size
+    assert LINEAR not in src
+    assert_same(call(*args), _blocks(*args))
+
+
+def test_auto_rule() -> None:
+    assert patterns.onednn_preferred(128, 512, 2048)
+    assert patterns.onednn_preferred(512, 256, 8192)
+    assert not patterns.onednn_preferred(512, 128, 384)   # inner size 128
+    assert not patterns.onednn_preferred(512, 512, 128)   # 128-wide output
+    assert not patterns.onednn_preferred(4, 512, 512)     # a few rows
+    assert not patterns.onednn_preferred(32, 256, 256)    # a small product
+
+
+@pytest.mark.parametrize("k", [128, 256])
+def test_auto_follows_the_rule(k) -> None:
+    g = torch.Generator().manual_seed(1)
+    x, w, b = (torch.randn(128, k, generator=g), torch.randn(256, k, generator=g) / k ** 0.5,
+               torch.randn(256, generator=g))
+
+    def fn(x, w, b):
+        return (torch.nn.functional.linear(x, w, b).relu(),)
+
+    src, call = _compile(fn, (x, w, b))
+    assert (LINEAR in src) == patterns.onednn_preferred(128, k, 256) == (k == 256), src
+    assert_same(call(x, w, b), fn(x, w, b))
+
+
+def test_ineligible_stay_on_aten() -> None:
+    # float64 operands, and an addmm with beta/alpha other than 1
+    args = _inputs(torch.float64)
+    src, call = _compile(_blocks, args, onednn_linear="always")
+    assert LINEAR not in src
+    assert_same(call(*args), _blocks(*args))
+
+    def scaled(x, w, b):
+        return (torch.addmm(b, x, w.t(), beta=0.5, alpha=2.0),)
+
+    a = _inputs()
+    src, call = _compile(scaled, a[:3], onednn_linear="always")
+    assert LINEAR not in src
+    assert_same(call(*a[:3]), scaled(*a[:3]))
