@@ -382,3 +382,125 @@ def test_strided_1x1_convolution_backward_runs_on_contiguous_layouts() -> None:
             _close(p2.grad, p1.grad, f"grad {name}")
             p1.grad = p2.grad = None
     assert layout.counters["conv_1x1_strided_backward"] > before
+
+
+class Shortcuts(nn.Module):
+    """Residual adds whose shortcut is dead after the add (a strided 1x1 projection; a value an
+    earlier convolution read), is the graph input, is read again after the add, or is the
+    convolution's own input."""
+
+    def __init__(self, reuse: bool) -> None:
+        super().__init__()
+        self.reuse = reuse
+        self.c1 = nn.Conv2d(4, 6, 3, stride=2, padding=1, bias=False)
+        self.b1 = nn.BatchNorm2d(6)
+        self.c2 = nn.Conv2d(6, 6, 3, padding=1, bias=False)
+        self.b2 = nn.BatchNorm2d(6)
+        self.down = nn.Conv2d(4, 6, 1, stride=2, bias=False)
+        self.bd = nn.BatchNorm2d(6)
+        self.c3 = nn.Conv2d(6, 6, 3, padding=1)
+        self.c4 = nn.Conv2d(6, 6, 1)
+        self.c5 = nn.Conv2d(6, 6, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        s = self.bd(self.down(x))
+        y = torch.relu(self.b2(self.c2(torch.relu(self.b1(self.c1(x))))) + s)
+        z = torch.relu(self.c4(self.c3(y)) + y)  # y: read by c3 before, dead after the add
+        w = torch.relu(self.c5(z) + z)  # z: the convolution's own input
+        if self.reuse:
+            return w, s * 2.0  # s read after its add: no write into it
+        return (w,)
+
+
+@pytest.mark.parametrize("reuse,cl", [(False, False), (True, True)])
+def test_fused_residual_add_writes_into_a_dead_shortcut_only(reuse: bool, cl: bool) -> None:
+    """Frozen inference: ``relu(conv + shortcut)`` accumulates into the shortcut's buffer
+    (oneDNN's in-place variant) when nothing reads the shortcut after the add; values and
+    strides as eager's, the input untouched, a shortcut read later left alone."""
+    torch.manual_seed(4)
+    m = Shortcuts(reuse).eval()
+    with torch.no_grad():
+        for bn in (m.b1, m.b2, m.bd):
+            bn.running_mean.uniform_(-0.5, 0.5)
+            bn.running_var.uniform_(0.5, 2.0)
+    ref = copy.deepcopy(m)
+    f = ember.compile(m, backend="inductor")
+    before = layout.counters["conv_add_relu_inplace"]
+    x = torch.randn(2, 4, 9, 7)
+    if cl:
+        x = x.to(memory_format=CL)
+    x0 = x.clone()
+    for _ in range(2):
+        with torch.no_grad():
+            got, want = f(x), ref(x)
+        assert torch.equal(x, x0) and x.stride() == x0.stride()
+        for i, (g, w) in enumerate(zip(got, want)):
+            _close(g, w, f"output {i}")
+    if layout._mkldnn_pointwise() is not None:
+        # reuse=False: the projection shortcut (y's buffer is then that in-place result, left
+        # alone); reuse=True: y only (the shortcut is read after its add); never z
+        assert layout.counters["conv_add_relu_inplace"] - before == 1
+
+
+def test_inplace_fused_residual_add_matches_the_out_of_place_one() -> None:
+    """What the in-place epilogue relies on: ``_convolution_pointwise_.binary`` writes
+    relu(conv(x) + other) into ``other``, bit-equal to the out-of-place call, channels-last
+    (ungrouped: the lowering uses it for groups=1 only; grouped, it differs by an ulp)."""
+    if layout._mkldnn_pointwise() is None:
+        pytest.skip("this torch has no oneDNN")  # the lowering then never emits the op
+    torch.manual_seed(0)
+    for stride, k, batch in itertools.product([1, 2], [1, 3], [1, 3]):
+        x = torch.randn(batch, 4, 7, 6).to(memory_format=CL)
+        w, b = torch.randn(6, 4, k, k), torch.randn(6)
+        common = ([k // 2] * 2, [stride] * 2, [1, 1], 1)
+        y = torch.ops.aten.convolution.default(x, w, b, [stride] * 2, [k // 2] * 2, [1, 1], False,
+                                               [0, 0], 1)
+        other = torch.randn(y.shape).to(memory_format=CL)
+        want = torch.ops.mkldnn._convolution_pointwise.binary(
+            x, other, w, b, *common, "add", None, "relu", [], None)
+        buf = other.clone()
+        got = torch.ops.mkldnn._convolution_pointwise_.binary(
+            buf, x, w, b, *common, "add", None, "relu", [], None)
+        assert got.data_ptr() == buf.data_ptr() and got.is_contiguous(memory_format=CL)
+        assert torch.equal(got, want)
+        torch.testing.assert_close(got, torch.relu(y + other), rtol=1e-5, atol=1e-5)
+
+
+class Pooled(nn.Module):
+    def __init__(self, keepdim: bool) -> None:
+        super().__init__()
+        self.keepdim = keepdim
+        self.c = nn.Conv2d(3, 10, 3, padding=1)
+        self.bn = nn.BatchNorm2d(10)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.relu(self.bn(self.c(x)))
+        # spatial means (the lowered form), and a mean over channels (left to the default)
+        return y.mean((-1, -2), keepdim=self.keepdim), y.mean(1)
+
+
+@pytest.mark.parametrize("train,keepdim,cl", [(False, True, False), (False, False, True),
+                                              (True, True, True), (True, False, False)])
+def test_spatial_mean_of_a_channels_last_value(train: bool, keepdim: bool, cl: bool) -> None:
+    """Global average pooling lowered as one reduction, channels innermost, scaled in float64:
+    values, strides and gradients as eager's (spatial size 5x7: 1/35 is not exact in binary)."""
+    torch.manual_seed(5)
+    m = Pooled(keepdim).train(train)
+    ref = copy.deepcopy(m)
+    f = ember.compile(m, backend="inductor")
+    before = layout.counters["mean"]
+    x = torch.randn(3 + train, 3, 5, 7) * 3 + 1
+    if cl:
+        x = x.to(memory_format=CL)
+    x1, x2 = x.clone().requires_grad_(train), x.clone().requires_grad_(train)
+    with torch.set_grad_enabled(train):
+        got, want = f(x1), ref(x2)
+    for i, (g, w) in enumerate(zip(got, want)):
+        _close(g.detach(), w.detach(), f"output {i}")
+    if train:
+        (got[0].square().sum() + got[1].sum()).backward()
+        (want[0].square().sum() + want[1].sum()).backward()
+        _close(x1.grad, x2.grad, "input grad")
+        for (name, p1), p2 in zip(ref.named_parameters(), m.parameters()):
+            _close(p2.grad, p1.grad, f"grad {name}")
+    assert layout.counters["mean"] > before
