@@ -688,3 +688,42 @@ def test_input_alias_of_an_input_with_another_storage_offset(dynamic: bool) -> N
             assert out[0].storage_offset() == ref[0].storage_offset()
             assert out[0].data_ptr() == ref[0].data_ptr()
             assert out[1].data_ptr() == ref[1].data_ptr()
+
+
+# --------------------------------------------------------------------------------------------
+# a warm start (persisted capture) of a graph with symbolic sizes
+# --------------------------------------------------------------------------------------------
+
+_WARM_PROGRAM = '''
+import torch, ember
+
+def f(x, w):
+    return (x * w).sum(dim=0)
+
+cf = ember.compile(f, backend="aot_eager", dynamic=True)
+for n in (4, 6):
+    x = torch.randn(n, 5, requires_grad=True)
+    w = torch.randn(n, 5)
+    out = cf(x, w)
+    out.sum().backward()
+    assert torch.allclose(out, (x * w).sum(dim=0)) and torch.allclose(x.grad, w)
+print("ok")
+'''
+
+
+def test_warm_start_keeps_symbolic_graph_symbolic(tmp_path: Any) -> None:
+    # A persisted capture is rebuilt without its FakeTensorMode: had a graph with symbolic sizes
+    # been stored, AOT would trace the rebuilt one with the example sizes while the guards
+    # admit every size (the second process failed at n=6). Such captures are not stored.
+    import os
+    import subprocess
+    import sys
+
+    prog = tmp_path / "warm_prog.py"
+    prog.write_text(_WARM_PROGRAM)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EMBER_")}
+    env["EMBER_CACHE_DIR"] = str(tmp_path / "cache")
+    for run in range(2):
+        r = subprocess.run([sys.executable, str(prog)], env=env, capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 0 and r.stdout.strip() == "ok", (run, r.stderr[-2000:])

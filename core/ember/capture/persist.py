@@ -612,6 +612,10 @@ def _save(cf: Any, entry: Any, args: tuple, kwargs: dict) -> None:
         raise _Refuse("entry has a prologue")
     if any(i.kind not in ("user", "parameter", "buffer") for i in cap.inputs):
         raise _Refuse("symbolic inputs")
+    if _symbolic_sizes(gm):
+        # a rebuilt graph carries no FakeTensorMode: AOT autograd would trace it with the
+        # example sizes while the guards admit every size
+        raise _Refuse("symbolic sizes")
     fn = cf.fn
     ns = entry.__globals__
     finder = _Finder(fn, _roots(fn, args, kwargs), ns)
@@ -835,3 +839,18 @@ def _announce(fn: Any, rec: dict[str, Any], gm: fx.GraphModule) -> Any:
         code_log.info("entry for %s:\n%s", filename, rec["source"])
     events.emit("entry_guards", function=f"{code.co_name} ({where})", guards=list(rec["guards"]))
     return cap
+
+
+def _symbolic_sizes(gm: Any) -> bool:
+    """Does a placeholder of the captured graph have a symbolic size, stride or offset?"""
+    import torch
+
+    for n in gm.graph.nodes:
+        if n.op != "placeholder":
+            continue
+        v = n.meta.get("val")
+        vals = ((*v.shape, *v.stride(), v.storage_offset()) if isinstance(v, torch.Tensor)
+                else (v,))
+        if any(isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)) for x in vals):
+            return True
+    return False
