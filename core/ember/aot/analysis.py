@@ -10,10 +10,12 @@ the joint forward+backward trace).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any, Sequence
 
 import torch
+from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses import FakeTensorMode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -163,6 +165,13 @@ def _same_raw(a: tuple[Any, ...], b: tuple[Any, ...] | None) -> bool:
     return True
 
 
+def _dispatch(metas: Sequence[Any] | None) -> Any:
+    """Dynamic shapes: run composite ops through torch's Python decompositions, as make_fx's
+    symbolic trace does. Some C++ composite kernels read concrete sizes (torch 2.11's matmul:
+    ``sizes()``/``numel()``), which would specialize capture's symbols to constants."""
+    return enable_python_dispatcher() if metas is not None else contextlib.nullcontext()
+
+
 def _flatten(out: Any) -> tuple[list[Any], Any]:
     return pytree.tree_flatten(out)
 
@@ -181,7 +190,7 @@ def analyze(gm: Any, tensors: Sequence[Any], requires_grad: Sequence[bool],
     fakes = fakeify(mode, tensors, None, metas)
     before = [_raw_geometry(f) if isinstance(f, torch.Tensor) else None for f in fakes]
     mm = _MutationMode()
-    with mode, mm, torch.no_grad():
+    with mode, mm, torch.no_grad(), _dispatch(metas):
         flat, spec = _flatten(gm(*fakes))
     tfakes = [(i, f) for i, f in enumerate(fakes) if isinstance(f, torch.Tensor)]
     mutated = [i for i, f in tfakes if any(torch._C._is_alias_of(w, f) for w in mm.written)]
@@ -242,7 +251,7 @@ def _grad_info(gm: Any, tensors: Sequence[Any], requires_grad: Sequence[bool], i
     if mode is None:
         mode = FakeTensorMode(allow_non_fake_inputs=True)
     fakes = fakeify(mode, tensors, requires_grad, metas)
-    with mode, _MutationMode(), torch.enable_grad():
+    with mode, _MutationMode(), torch.enable_grad(), _dispatch(metas):
         xs = list(fakes)
         for i in info.mutated:
             if xs[i].requires_grad:  # mutate a non-leaf copy, as the joint trace does

@@ -9,6 +9,7 @@ user's file:line.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import dis
 import enum
@@ -28,6 +29,7 @@ from .. import config
 from ..exc import Unsupported
 from . import rules
 from .output import OutputGraph
+from .symbolic import composite_dispatch
 from .sources import (Attr, Buffer, CellContents, ClosureCell, Defaults, GetItem, Global,
                       ModuleChild, NamespaceRef, Param, Source)
 from .variables import (AutocastVar, BoundMethodVar, BuiltinVar, CellVar, ClassVar, ConstVar,
@@ -37,6 +39,7 @@ from .variables import (AutocastVar, BoundMethodVar, BuiltinVar, CellVar, ClassV
                         TensorMethodVar, TensorVar, TupleVar, Var, PartialVar)
 
 log = logging.getLogger("ember.capture")
+_NULL = contextlib.nullcontext()  # reusable: no dispatch change for static captures
 
 PY312 = sys.version_info >= (3, 12)
 MAX_INSTRUCTIONS = 500_000
@@ -310,8 +313,9 @@ class Tracer:
         nkw, fkw = {}, {}
         for k, a in kwargs.items():
             nkw[k], fkw[k] = self._to_node_and_fake(a)
+        dispatch = composite_dispatch() if self.out.symbolic is not None else _NULL
         try:
-            with self.out.fake_mode:
+            with self.out.fake_mode, dispatch:
                 result = fake_fn(*fargs, **fkw)
         except Unsupported:
             raise

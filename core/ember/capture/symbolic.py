@@ -537,3 +537,17 @@ def python_type(v: Any) -> type:
     if isinstance(v, torch.SymBool):
         return bool
     return type(v)
+
+
+def composite_dispatch() -> Any:
+    """The context for running ops over symbolic FakeTensors: torch's Python dispatcher, so that
+    composite ops take torch's Python decompositions (guard-free size tests) as make_fx's
+    symbolic trace and torch.compile do. Some C++ CompositeImplicit kernels read concrete sizes:
+    torch 2.11's ``matmul`` (and ``linear`` without bias, which calls it) reads
+    ``sizes()``/``numel()``, which specializes every symbolic size of a >=3-d operand to its
+    current value (``size(1) == N``: a sequence-length sweep then compiles a graph per length)
+    or fails (``Cannot call numel() on tensor with symbolic sizes``). torch 2.13's kernels are
+    symbolic-clean, and the decompositions agree with them on shapes and strides."""
+    from torch._dispatch.python import enable_python_dispatcher
+
+    return enable_python_dispatcher()
