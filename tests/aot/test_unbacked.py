@@ -244,6 +244,46 @@ def test_mask_count_mismatch_raises_as_eager() -> None:
         compiled(*_leaves([x, m2, v], (0, 2)))
 
 
+class _ItemInBackward(torch.autograd.Function):
+    """A backward that reads a Python number from a tensor (gradient clipping by its max)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2 / (g.abs().max().item() + 1.0)
+
+
+def _item_in_backward(x):
+    return _ItemInBackward.apply(x)
+
+
+fx.wrap("_item_in_backward")
+
+
+def item_backward(x, w):
+    return ((_item_in_backward(x) * w).sum(),)
+
+
+@pytest.mark.parametrize("via", ["aot_compile", "ember.compile"])
+def test_item_inside_the_backward(via: str) -> None:
+    args = [torch.randn(4, 5), torch.randn(4, 5)]
+    if via == "aot_compile":
+        spy = Spy()
+        gm, _ = lift(item_backward)
+        compiled = aot_compile(gm, _leaves(args, (0, 1)), backend=spy.backend, options={},
+                               context=_context(gm, None))
+        assert _unbacked_in(spy.graph("backward"))
+    else:
+        graphs, fallbacks, compiled = _ember_graphs(item_backward, _leaves(args, (0, 1)), None)
+        assert (graphs, fallbacks) == (1, 0)
+    for seed in range(2):  # the number is read at run time, not baked in
+        torch.manual_seed(seed)
+        _check(compiled, item_backward, [torch.randn(4, 5), torch.randn(4, 5)], (0, 1))
+
+
 # -- refusal: a branch on data -----------------------------------------------------------------
 
 def _branch_on_count(x):
