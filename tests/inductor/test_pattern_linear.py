@@ -50,6 +50,7 @@ def test_always_routes_every_matmul_and_matches_eager() -> None:
     body = src.split("\ndef call(", 1)[1]
     assert body.count(LINEAR) == 3, body
     assert "aten.addmm" not in body and "aten.mm" not in body, body
+    assert body.count("'gelu', [], 'none')") == 1, body  # the gelu is oneDNN's post-op
     expected = _blocks(*args)
     for _ in range(2):
         assert_same(call(*args), expected)
@@ -107,3 +108,24 @@ def test_ineligible_stay_on_aten() -> None:
     src, call = _compile(scaled, a[:3], onednn_linear="always")
     assert LINEAR not in src
     assert_same(call(*a[:3]), scaled(*a[:3]))
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_post_op_only_when_sole_reader(approximate) -> None:
+    F = torch.nn.functional
+
+    def fused(x, w, b):
+        return (F.gelu(F.linear(x, w, b), approximate=approximate) * 3,)
+
+    def shared(x, w, b):
+        y = F.linear(x, w, b)
+        return (F.gelu(y, approximate=approximate) + y,)
+
+    a = _inputs()[:3]
+    a = (a[0] * 8, a[1], a[2])  # results well into both tails of gelu
+    for fn, post in ((fused, True), (shared, False)):
+        src, call = _compile(fn, a, onednn_linear="always")
+        body = src.split("\ndef call(", 1)[1]
+        assert body.count(LINEAR) == 1, body
+        assert (f"'gelu', [], '{approximate}')" in body) == post, body
+        assert_same(call(*a), fn(*a))

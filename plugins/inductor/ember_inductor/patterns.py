@@ -345,7 +345,9 @@ def fuse_linears(gm: torch.fx.GraphModule, mode: Any = "auto") -> int:
     ``mode="auto"`` rewrites where :func:`onednn_preferred` says so, ``mode="always"`` every
     eligible one (tests). oneDNN computes the same product in another summation order (errors against float64
     within 2-3x of sgemm's). Eligible: static 2-d float32 operands, a 1-d bias of the output's
-    width, alpha = beta = 1; the result is a fresh contiguous tensor, as addmm's. A node whose
+    width, alpha = beta = 1; the result is a fresh contiguous tensor, as addmm's. A ``gelu``
+    that is the product's only reader becomes oneDNN's post-op (its error against float64 is
+    eager's: oneDNN computes it on the float32 result as well). A node whose
     ``meta["ember_linear"]`` is ``"aten"`` (max-autotune chose it) is left alone."""
     op = linear_op()
     if op is None:
@@ -380,11 +382,20 @@ def fuse_linears(gm: torch.fx.GraphModule, mode: Any = "auto") -> int:
             continue
         if mode != "always" and not onednn_preferred(m, k, n):
             continue
+        attr, algorithm, out = "none", "", node
+        act = next(iter(node.users)) if len(node.users) == 1 else None
+        if _call(act, {aten.gelu.default}) and act.args[0] is node and len(act.args) == 1 \
+                and set(act.kwargs) <= {"approximate"} and _same_geometry(_val(act), yv):
+            # the activation as oneDNN's post-op, applied to each result in registers (gelu's
+            # input has no other reader, so it is never stored: it is not a training forward)
+            attr, algorithm, out = "gelu", act.kwargs.get("approximate", "none"), act
         with g.inserting_before(node):
             w = _weight_nk(b, g)
-            new = g.call_function(op, (x, w, bias, "none", [], ""))
-        new.meta["val"] = yv
-        node.replace_all_uses_with(new)
+            new = g.call_function(op, (x, w, bias, attr, [], algorithm))
+        new.meta["val"] = _val(out)
+        out.replace_all_uses_with(new)
+        if out is not node:
+            g.erase_node(out)
         g.erase_node(node)
         done += 1
     if done:
