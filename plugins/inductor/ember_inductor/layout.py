@@ -231,7 +231,7 @@ def lower_conv(g: Any, plan: LayoutPlan, node: torch.fx.Node, args: Sequence[Any
                kwargs: dict[str, Any]) -> Any:
     """aten.convolution / convolution_backward with channels-last operands and results; None
     when the node is not a 2-d convolution this plan handles (the caller falls back)."""
-    from .ir import ExternKernel, IRNode, Layout, MultiOutput, NoneValue
+    from .ir import ExternKernel, IRNode, Layout, NoneValue
 
     if kwargs or not _conv2d(node):
         return None
@@ -270,20 +270,38 @@ def lower_conv(g: Any, plan: LayoutPlan, node: torch.fx.Node, args: Sequence[Any
     args[1] = plan.to_channels_last(g, x)
     args[2] = (plan.to_channels_last(g, w) if plan.weights in ("all", "backward")
                else g.realize(w))
-    parent = ExternKernel(g.new_name(), None, node.target, args, {}, "extern", origins)
+    outs = _extern_multi(g, node.target, args, origins, meta, _conv_backward_layout)
+    counters["conv"] += 1
+    return tuple(outs)
+
+
+def _conv_backward_layout(i: int, m: torch.Tensor) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """Size and strides of result ``i`` of a channels-last convolution backward (the input and
+    weight gradients channels-last, the bias gradient as its metadata says)."""
+    size = tuple(m.shape)
+    return size, (channels_last_stride(size) if i < 2 else tuple(m.stride()))
+
+
+def _extern_multi(g: Any, op: Any, args: Sequence[Any], origins: list[str],
+                  metas: Sequence[Any],
+                  layout_of: Callable[[int, torch.Tensor], tuple[Any, Any]]) -> list[Any]:
+    """One ATen call with several results: the call, then one :class:`MultiOutput` per result
+    (``layout_of(i, meta)`` -> its size and strides; a None meta, a result not asked for,
+    becomes a :class:`NoneValue`)."""
+    from .ir import ExternKernel, Layout, MultiOutput, NoneValue
+
+    parent = ExternKernel(g.new_name(), None, op, list(args), {}, "extern", origins)
     g.operations.append(parent)
     outs: list[Any] = []
-    for i, m in enumerate(meta):
+    for i, m in enumerate(metas):
         if m is None:
             outs.append(NoneValue())
             continue
-        size = tuple(m.shape)
-        stride = channels_last_stride(size) if i < 2 else tuple(m.stride())
+        size, stride = layout_of(i, m)
         mo = MultiOutput(g.new_name(), Layout(size, stride, m.dtype, m.device), parent, (i,))
         g.operations.append(mo)
         outs.append(mo)
-    counters["conv"] += 1
-    return tuple(outs)
+    return outs
 
 
 def _strided_1x1_backward(g: Any, plan: LayoutPlan, node: torch.fx.Node, args: list[Any],
@@ -299,7 +317,7 @@ def _subsampled_1x1_backward(g: Any, plan: LayoutPlan, node: torch.fx.Node, args
     backward is the stride-1 backward on that subsampled input (stored channels-last, 1/s^2 of
     x), and its input gradient is the stride-1 one at positions (s*i, s*j), zero elsewhere (a
     lazy value the consumer fuses)."""
-    from .ir import ExternKernel, Layout, MultiOutput, NoneValue, Pointwise
+    from .ir import Pointwise
     from .sizes import FloorDiv, ModularIndexing
     from .virtualized import ops
 
@@ -316,39 +334,31 @@ def _subsampled_1x1_backward(g: Any, plan: LayoutPlan, node: torch.fx.Node, args
     args[1] = sub
     args[2] = g.realize(w)
     args[4] = [1, 1]
-    parent = ExternKernel(g.new_name(), None, node.target, args, {}, "extern", origins)
-    g.operations.append(parent)
-    outs: list[Any] = []
-    for i, m in enumerate(meta):
-        if m is None:
-            outs.append(NoneValue())
-            continue
-        size = tuple(m.shape) if i != 0 else (n_, c_, ho, wo)
-        stride = channels_last_stride(size) if i < 2 else tuple(m.stride())
-        mo = MultiOutput(g.new_name(), Layout(size, stride, m.dtype, m.device), parent, (i,))
-        g.operations.append(mo)
-        if i == 0:
-            gl = mo.make_loader()
-            dt = m.dtype
 
-            def grad_in(idx: Any, gl: Any = gl, dt: Any = dt) -> Any:
-                zero = ops.constant(0, torch.int64)
-                on_h = ops.eq(ops.index_expr(ModularIndexing(idx[2], 1, sh), torch.int64), zero)
-                on_w = ops.eq(ops.index_expr(ModularIndexing(idx[3], 1, sw), torch.int64), zero)
-                v = gl([idx[0], idx[1], FloorDiv(idx[2], sh), FloorDiv(idx[3], sw)])
-                z = ops.constant(0.0, dt)
-                return ops.where(on_h, ops.where(on_w, v, z), z)
-            outs.append(Pointwise(m.device, dt, list(m.shape), grad_in, 6,
-                                  origins=["convolution_backward"]))
-        else:
-            outs.append(mo)
+    def layout_of(i: int, m: torch.Tensor) -> tuple[Any, Any]:
+        size = (n_, c_, ho, wo) if i == 0 else tuple(m.shape)
+        return size, (channels_last_stride(size) if i < 2 else tuple(m.stride()))
+
+    outs = _extern_multi(g, node.target, args, origins, meta, layout_of)
+    if meta[0] is not None:
+        gl = outs[0].make_loader()
+        dt = meta[0].dtype
+
+        def grad_in(idx: Any) -> Any:
+            zero = ops.constant(0, torch.int64)
+            on_h = ops.eq(ops.index_expr(ModularIndexing(idx[2], 1, sh), torch.int64), zero)
+            on_w = ops.eq(ops.index_expr(ModularIndexing(idx[3], 1, sw), torch.int64), zero)
+            v = gl([idx[0], idx[1], FloorDiv(idx[2], sh), FloorDiv(idx[3], sw)])
+            z = ops.constant(0.0, dt)
+            return ops.where(on_h, ops.where(on_w, v, z), z)
+        outs[0] = Pointwise(meta[0].device, dt, list(meta[0].shape), grad_in, 6,
+                            origins=["convolution_backward"])
     counters["conv_1x1_strided_backward"] += 1
     return tuple(outs)
 
 
 def _contiguous_1x1_backward(g: Any, plan: LayoutPlan, node: torch.fx.Node, args: list[Any],
                              origins: list[str], meta: Any) -> Any:
-    from .ir import ExternKernel, Layout, MultiOutput, NoneValue
     from .sizes import contiguous_strides
 
     for i in (0, 1):
@@ -356,18 +366,10 @@ def _contiguous_1x1_backward(g: Any, plan: LayoutPlan, node: torch.fx.Node, args
         v = plan.copy_to(g, args[i], st)
         args[i] = plan.copy_to(g, v, st)  # a lazy value stored channels-last before: copied
     args[2] = g.realize(args[2])
-    parent = ExternKernel(g.new_name(), None, node.target, args, {}, "extern", origins)
-    g.operations.append(parent)
-    outs: list[Any] = []
-    for i, m in enumerate(meta):
-        if m is None:
-            outs.append(NoneValue())
-            continue
-        size = tuple(m.shape)
-        mo = MultiOutput(g.new_name(), Layout(size, tuple(contiguous_strides(list(size))),
-                                              m.dtype, m.device), parent, (i,))
-        g.operations.append(mo)
-        outs.append(plan.to_channels_last(g, mo) if i == 0 else mo)
+    outs = _extern_multi(g, node.target, args, origins, meta, lambda i, m: (
+        tuple(m.shape), tuple(contiguous_strides(list(m.shape)))))
+    if meta[0] is not None:
+        outs[0] = plan.to_channels_last(g, outs[0])
     counters["conv_1x1_strided_backward"] += 1
     return tuple(outs)
 
@@ -637,7 +639,7 @@ def lower_pool(g: Any, plan: LayoutPlan, node: torch.fx.Node, args: Sequence[Any
                kwargs: dict[str, Any]) -> Any:
     """2-d pooling (forward and backward) on channels-last operands, results channels-last: no
     copy between a convolution and a pooling layer in either direction."""
-    from .ir import ExternKernel, IRNode, Layout, MultiOutput
+    from .ir import ExternKernel, IRNode, Layout
 
     which = POOL_OPS[node.target]
     args = list(args)
@@ -664,13 +666,8 @@ def lower_pool(g: Any, plan: LayoutPlan, node: torch.fx.Node, args: Sequence[Any
         g.operations.append(buf)
         counters["pool"] += 1
         return buf
-    parent = ExternKernel(g.new_name(), None, node.target, args, {}, "extern", origins)
-    g.operations.append(parent)
-    outs = []
-    for i, m in enumerate(meta):
-        mo = MultiOutput(g.new_name(), lay(m), parent, (i,))
-        g.operations.append(mo)
-        outs.append(mo)
+    outs = _extern_multi(g, node.target, args, origins, meta, lambda i, m: (
+        tuple(m.shape), channels_last_stride(m.shape)))
     counters["pool"] += 1
     return tuple(outs)
 
