@@ -17,6 +17,7 @@ from ..ir import Reduction
 from ..scheduler import CppRegion, FusedGroup, LoopBlock, Member, Scheduler
 from ..sizes import current_size_env, is_symbolic, product, size_hint, statically_true, sym, to_c
 from ..virtualized import set_ops_handler
+from . import vecmath
 
 __all__ = ["generate_cpp", "PRELUDE", "STORAGE_TYPE", "compute_type"]
 
@@ -41,6 +42,7 @@ typedef __UINT16_TYPE__ uint16_t;
 typedef __UINT32_TYPE__ uint32_t;
 extern "C" int omp_get_max_threads(void) noexcept;
 @@SIMD_DECLS@@
+@@VECMATH@@
 static inline float e_bf16_to_float(uint16_t v) { uint32_t b = (uint32_t)v << 16; float f; __builtin_memcpy(&f, &b, 4); return f; }
 static inline uint16_t e_float_to_bf16(float f) {
   if (f != f) return 0x7fc0;
@@ -99,7 +101,8 @@ template <class T> static inline T e_sign(T a) { return (T)((T(0) < a) - (a < T(
 
 # libm functions glibc's libmvec has vector variants of (glibc >= 2.35): declared "omp declare
 # simd" so gcc vectorizes loops that call them (without -ffast-math: libmvec's results are within
-# a few ulp, NaN and infinity as libm).
+# a few ulp, NaN and infinity as libm). Float exp, erf and log use vecmath's inline functions
+# instead (more accurate than libmvec's, and as fast or faster; see vecmath.py).
 SIMD_MATH = ("exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "asin",
              "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc")
 SIMD_MATH2 = ("pow", "atan2", "hypot")
@@ -126,7 +129,8 @@ def _simd_decls() -> str:
     return "\n".join(lines)
 
 
-PRELUDE = PRELUDE.replace("@@SIMD_DECLS@@", _simd_decls())
+PRELUDE = PRELUDE.replace("@@SIMD_DECLS@@", _simd_decls()).replace("@@VECMATH@@",
+                                                                 vecmath.SOURCE.strip())
 
 
 def _at_least(v: Any, n: int) -> bool:
@@ -255,6 +259,8 @@ def builtins(expr: str, ctype: str) -> str:
         name = m.group(1)
         if name in _GENERIC_BUILTINS:
             return f"__builtin_{name}("
+        if sfx and name in vecmath.FLOAT_FUNCS:
+            return f"{vecmath.FLOAT_FUNCS[name]}("
         if name in SIMD_MATH or name in SIMD_MATH2:
             return f"{'e_' if name in NO_SINCOS else ''}{name}{sfx}("
         return f"__builtin_{_RENAMED.get(name, name)}{sfx}("

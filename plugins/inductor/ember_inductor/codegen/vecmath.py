@@ -1,0 +1,90 @@
+"""Vectorizable float32 exp, erf and log for the generated C++ (a text prelude, no headers).
+
+Without them gcc vectorizes a loop calling libm only through glibc's libmvec (``omp declare simd``
+in cpp.py), whose float variants are less accurate than eager (measured over every 7th positive
+float, against double libm: erff 4.0 ulp, expf 2.6, logf 3.9, tanhf 1.4) and whose ``logf`` takes
+a scalar path for every vector that holds a negative or zero input (28x slower on randn inputs).
+These are branch-free functions that gcc inlines into the loop and vectorizes at whatever width
+``-march`` gives it (no runtime dispatch): polynomial pieces chosen with selects, special values
+(NaN, +-inf, +-0, overflow to inf, underflow to 0, subnormal inputs and results) handled explicitly
+so that they match libm. Measured the same way: exp 0.98 ulp, erf 1.05, log 0.84. Speed, one
+thread, 1M randn floats, in one process (tests and figures: tests/inductor/test_vec_math.py and
+the commit message): exp 0.8x libmvec's time, log 1.0x (0.04x with negative inputs), erf 1.2x.
+tanh stays with libmvec (1.4 ulp, faster than an inline one built on this exp).
+
+The polynomial coefficients are minimax fits (Lawson's iteratively reweighted least squares over
+Chebyshev nodes, mpmath references) of: (e^r - 1 - r)/r^2 on |r| <= ln2/2; erf(x)/x - 1 in x^2 on
+|x| < 1; erfc(x) e^(x^2) in 1/x - 0.6275 on 1 <= x <= 3.92 (erf rounds to 1 above); and
+(log((1+s)/(1-s)) - 2s)/s^3 in s^2 on |s| <= 0.1716. Kernels are built with
+``-ffp-contract=off``, so the rounding behaves as written; ``fma`` is explicit where the target
+has it (``__FMA__``), a multiply and an add elsewhere.
+"""
+
+from __future__ import annotations
+
+__all__ = ["SOURCE", "FLOAT_FUNCS"]
+
+#: libm names (float variants) whose calls the C++ code generator replaces by these functions
+FLOAT_FUNCS = {"exp": "e_vexpf", "erf": "e_verff", "log": "e_vlogf"}
+
+SOURCE = r"""
+static inline float e_fma_f(float a, float b, float c) {
+#ifdef __FMA__
+  return __builtin_fmaf(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+static inline float e_asf(uint32_t u) { return __builtin_bit_cast(float, u); }
+static inline uint32_t e_asu(float f) { return __builtin_bit_cast(uint32_t, f); }
+// e^x: x = n ln2 + r, |r| <= ln2/2, e^r by a polynomial, 2^n applied in two halves so that
+// subnormal results round once
+static inline float e_vexpf(float x) {
+  float xc = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);
+  float n = __builtin_rintf(xc * 1.44269502f);
+  float r = xc - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float c = e_fma_f(e_fma_f(e_fma_f(e_fma_f(0.00138146018f, r, 0.00836871522f), r, 0.0416683879f), r, 0.166665206f), r, 0.499999934f);
+  float p = 1.0f + (r + (r * r) * c);
+  int32_t ni = (int32_t)n;
+  int32_t n1 = ni >> 1;
+  int32_t n2 = ni - n1;
+  float s1 = e_asf((uint32_t)(n1 + 127) << 23);
+  float s2 = e_asf((uint32_t)(n2 + 127) << 23);
+  float y = (p * s1) * s2;
+  return x != x ? x : y;
+}
+// erf: |x| < 1.0: x + x P(x^2); above: 1 - e^(-x^2) R(1/|x|); 1 from 3.921875 (erfc < ulp/2)
+static inline float e_verff(float x) {
+  float a = __builtin_fabsf(x);
+  float t = x * x;
+  float small = e_fma_f(x, e_fma_f(e_fma_f(e_fma_f(e_fma_f(e_fma_f(e_fma_f(e_fma_f(-9.6415628e-06f, t, 0.000112569655f), t, -0.000848283149f), t, 0.00522094564f), t, -0.0268654001f), t, 0.11283782f), t, -0.376126384f), t, 0.128379167f), x);
+  float u = 1.0f / (a < 1.0f ? 1.0f : a) - 0.62749004f;
+  float big = 1.0f - e_vexpf(-t) * (e_fma_f(e_fma_f(e_fma_f(e_fma_f(e_fma_f(e_fma_f(e_fma_f(e_fma_f(e_fma_f(e_fma_f(-0.0358398139f, u, 0.0249604093f), u, 0.00608151548f), u, -0.0267581675f), u, 0.0426425592f), u, -0.0463069995f), u, 0.0227557161f), u, 0.043996637f), u, -0.172067063f), u, 0.381426045f), u, 0.306903826f));
+  big = a >= 3.921875f ? 1.0f : big;
+  float y = __builtin_copysignf(a < 1.0f ? small : big, x);
+  return x != x ? x : y;
+}
+// log: x = 2^k m, m in [sqrt(1/2), sqrt(2)); log(m) = 2s + s^3 P(s^2), s = (m - 1) / (m + 1)
+static inline float e_vlogf(float x) {
+  // subnormals scaled into the normal range first
+  int sub = x < 1.17549435e-38f;
+  float xs = sub ? x * 8388608.0f : x;
+  uint32_t ix = e_asu(xs);
+  // the exponent of x relative to the interval [sqrt(1/2), sqrt(2)): 0x3f3504f3 is sqrt(1/2)
+  uint32_t d = ix - 0x3f3504f3u;
+  int32_t k = (int32_t)d >> 23;
+  float m = e_asf((d & 0x007fffffu) + 0x3f3504f3u);
+  float kf = (float)k - (sub ? 23.0f : 0.0f);
+  float f = m - 1.0f;
+  float s = f / (m + 1.0f);
+  float s2 = s * s;
+  float hfsq = 0.5f * f * f;
+  float R = s2 * (e_fma_f(e_fma_f(e_fma_f(0.235819195f, s2, 0.285373248f), s2, 0.400003349f), s2, 0.666666656f));
+  float y = kf * 0.693145752f + (f - (hfsq - (s * (hfsq + R) + kf * 1.42860677e-06f)));
+  y = x == 0.0f ? -__builtin_inff() : y;
+  y = x < 0.0f ? __builtin_nanf("") : y;
+  y = x == __builtin_inff() ? x : y;
+  return x != x ? x : y;
+}
+"""
