@@ -129,3 +129,42 @@ def test_gelu_post_op_only_when_sole_reader(approximate) -> None:
         assert body.count(LINEAR) == 1, body
         assert (f"'gelu', [], '{approximate}')" in body) == post, body
         assert_same(call(*a), fn(*a))
+
+
+def test_gelu_post_op_through_the_view_of_a_3d_linear() -> None:
+    F = torch.nn.functional
+
+    def fn(x, w, b):  # view(x) -> addmm -> view -> gelu, as a linear layer on [B, T, C]
+        return (F.gelu(F.linear(x, w, b)) - 1,)
+
+    g = torch.Generator().manual_seed(2)
+    a = (torch.randn(2, 4, 16, generator=g) * 4, torch.randn(32, 16, generator=g) / 4,
+         torch.randn(32, generator=g))
+    src, call = _compile(fn, a, onednn_linear="always")
+    body = src.split("\ndef call(", 1)[1]
+    assert body.count(LINEAR) == 1 and "'gelu', [], 'none')" in body, body
+    assert_same(call(*a), fn(*a))
+
+
+def _gelu_new(x):
+    # Hugging Face's gelu_new (GPT-2's activation), written out
+    return 0.5 * x * (1.0 + torch.tanh(0.7978845608028654 * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_written_out_tanh_gelu_becomes_the_post_op(shared) -> None:
+    F = torch.nn.functional
+
+    def fn(x, w, b):
+        y = F.linear(x, w, b)
+        h = _gelu_new(y)
+        return (h + y,) if shared else (h * 2,)
+
+    g = torch.Generator().manual_seed(3)
+    a = (torch.randn(2, 4, 16, generator=g) * 4, torch.randn(32, 16, generator=g) / 4,
+         torch.randn(32, generator=g))
+    src, call = _compile(fn, a, onednn_linear="always")
+    body = src.split("\ndef call(", 1)[1]
+    assert body.count(LINEAR) == 1, body
+    assert ("'gelu', [], 'tanh')" in body) == (not shared), body
+    assert_same(call(*a), fn(*a))

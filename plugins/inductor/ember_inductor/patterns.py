@@ -19,6 +19,7 @@ Static shapes only; no mask, no dropout.
 from __future__ import annotations
 
 import logging
+import math
 import operator
 from typing import Any
 
@@ -335,6 +336,92 @@ def onednn_preferred(m: int, k: int, n: int) -> bool:
     return k >= 256 and n >= 256 and m >= 64
 
 
+def _scalar_is(v: Any, c: float) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v - c) <= 1e-7 * abs(c)
+
+
+def _mul_by(n: Any, x: Any, c: float) -> bool:
+    """Is ``n`` ``x * c`` (either order)?"""
+    if not (_call(n, {aten.mul.Tensor}) and len(n.args) == 2):
+        return False
+    a0, a1 = n.args
+    return (a0 is x and _scalar_is(a1, c)) or (a1 is x and _scalar_is(a0, c))
+
+
+def _tanh_gelu_chain(v: torch.fx.Node) -> torch.fx.Node | None:
+    """The last node of ``0.5 * v * (1 + tanh(sqrt(2 / pi) * (v + 0.044715 * v ** 3)))`` (the
+    tanh form of gelu as Hugging Face's ``gelu_new`` writes it) when ``v``'s readers are exactly
+    that formula's and each step has one reader; else None."""
+    users = list(v.users)
+    if len(users) != 3:
+        return None
+    half = next((u for u in users if _mul_by(u, v, 0.5)), None)
+    cube = next((u for u in users if _call(u, {aten.pow.Tensor_Scalar}) and u.args[0] is v
+                 and _scalar_is(u.args[1], 3.0)), None)
+    if half is None or cube is None or len(half.users) != 1 or len(cube.users) != 1:
+        return None
+    q = next(iter(cube.users))
+    if not _mul_by(q, cube, 0.044715) or len(q.users) != 1:
+        return None
+    r = next(iter(q.users))
+    if not (_call(r, {aten.add.Tensor}) and len(r.args) == 2 and set(r.args) == {v, q}
+            and not r.kwargs and r in users and len(r.users) == 1):
+        return None
+    sc = next(iter(r.users))
+    if not _mul_by(sc, r, math.sqrt(2.0 / math.pi)) or len(sc.users) != 1:
+        return None
+    t = next(iter(sc.users))
+    if not (_call(t, {aten.tanh.default}) and len(t.users) == 1):
+        return None
+    one = next(iter(t.users))
+    if not (_call(one, {aten.add.Tensor}) and len(one.args) == 2 and not one.kwargs
+            and ((one.args[0] is t and _scalar_is(one.args[1], 1.0))
+                 or (one.args[1] is t and _scalar_is(one.args[0], 1.0)))
+            and len(one.users) == 1):
+        return None
+    out = next(iter(one.users))
+    if not (_call(out, {aten.mul.Tensor}) and len(out.args) == 2
+            and set(out.args) == {half, one} and _same_geometry(_val(out), _val(v))):
+        return None
+    return out
+
+
+def _erase_unused(g: torch.fx.Graph, last: torch.fx.Node) -> None:
+    """Erase ``last`` and, consumers first, every node feeding it that is left unread."""
+    todo = [last]
+    while todo:
+        n = todo.pop()
+        if n.users or n.op != "call_function":
+            continue
+        ins = n.all_input_nodes
+        g.erase_node(n)
+        todo.extend(ins)
+
+
+def _sole_gelu(node: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node, str] | None:
+    """``(input, output, approximate)`` of the gelu that is the only reader of ``node``'s
+    result, directly or through one reshaping view that has no other reader (a linear layer on
+    3-d input: ``view(addmm)``): ``aten.gelu`` or the tanh form written out
+    (:func:`_tanh_gelu_chain`)."""
+    cur = node
+    if len(cur.users) == 1:
+        v = next(iter(cur.users))
+        if _call(v, _VIEW) and v.args[0] is cur and _val(v) is not None:
+            cur = v
+    chain = _tanh_gelu_chain(cur)
+    if chain is not None:
+        return cur, chain, "tanh"
+    if len(cur.users) != 1:
+        return None
+    act = next(iter(cur.users))
+    if not (_call(act, {aten.gelu.default}) and act.args[0] is cur and len(act.args) == 1
+            and set(act.kwargs) <= {"approximate"}
+            and act.kwargs.get("approximate", "none") in ("none", "tanh")
+            and _same_geometry(_val(act), _val(cur))):
+        return None
+    return cur, act, act.kwargs.get("approximate", "none")
+
+
 def fuse_linears(gm: torch.fx.GraphModule, mode: Any = "auto") -> int:
     """Route float32 ``addmm(bias, x, B)`` / ``mm(x, B)`` to oneDNN's linear kernel
     (``mkldnn._linear_pointwise(x, B.t(), bias)``) where it is faster; returns how many were
@@ -382,20 +469,20 @@ def fuse_linears(gm: torch.fx.GraphModule, mode: Any = "auto") -> int:
             continue
         if mode != "always" and not onednn_preferred(m, k, n):
             continue
-        attr, algorithm, out = "none", "", node
-        act = next(iter(node.users)) if len(node.users) == 1 else None
-        if _call(act, {aten.gelu.default}) and act.args[0] is node and len(act.args) == 1 \
-                and set(act.kwargs) <= {"approximate"} and _same_geometry(_val(act), yv):
+        attr, algorithm, act = "none", "", _sole_gelu(node)
+        if act is not None:
             # the activation as oneDNN's post-op, applied to each result in registers (gelu's
             # input has no other reader, so it is never stored: it is not a training forward)
-            attr, algorithm, out = "gelu", act.kwargs.get("approximate", "none"), act
+            attr, algorithm = "gelu", act[2]
         with g.inserting_before(node):
             w = _weight_nk(b, g)
             new = g.call_function(op, (x, w, bias, attr, [], algorithm))
-        new.meta["val"] = _val(out)
-        out.replace_all_uses_with(new)
-        if out is not node:
-            g.erase_node(out)
+        new.meta["val"] = yv
+        if act is not None:
+            # gelu(view(mm)) -> view(mm with gelu): the view now reads the activated product
+            act[1].replace_all_uses_with(act[0])
+            _erase_unused(g, act[1])
+        node.replace_all_uses_with(new)
         g.erase_node(node)
         done += 1
     if done:
