@@ -174,3 +174,46 @@ def test_folding_a_graph_rebuilt_from_the_aot_cache():
         freezing._propagate_on_meta = orig
     assert created, "the rebuilt graph was expected to go through the real-tensor path"
     assert freezing.counters["conv_bn"] == before.get("conv_bn", 0) + 2
+
+
+@pytest.mark.parametrize("layout_opt", [True, False])
+def test_folded_convolution_weights_are_kept_channels_last(layout_opt):
+    """Folded weights read only by channels-last 2-d convolutions are stored channels-last (ATen
+    would otherwise copy them on every call), on the first fold and on every refold; with the
+    layout optimisation off they stay contiguous (a channels-last weight would make eager-layout
+    convolutions return channels-last results). Results and strides as eager's throughout."""
+    seen = []
+    orig = freezing.freeze
+
+    def spy(*a, **k):
+        r = orig(*a, **k)
+        seen.append(r)
+        return r
+
+    freezing.freeze = spy
+    try:
+        eager, cmodel, compiled = _pair(options={"layout_opt": layout_opt})
+        x = torch.randn(2, 3, 10, 10)
+        _check(eager, compiled, x)
+    finally:
+        freezing.freeze = orig
+    (frozen,) = [f for f in seen if f is not None]
+    # both convolution weights (the 1x1 one is contiguous either way)
+    assert len(frozen.channels_last) == (2 if layout_opt else 0)
+    assert sum(c.dim() == 4 and not c.is_contiguous() for c in frozen.example_consts) == (
+        1 if layout_opt else 0)
+    for k in frozen.channels_last:
+        assert frozen.example_consts[k].is_contiguous(memory_format=torch.channels_last)
+        p = [n for n in frozen.gm.graph.nodes if n.op == "placeholder"][-len(
+            frozen.example_consts) + k]
+        assert p.meta["val"].stride() == frozen.example_consts[k].stride()
+    # a changed weight is refolded (channels-last again) and noticed
+    with torch.no_grad():
+        for m in (eager, cmodel):
+            m.conv.weight.mul_(-0.5)
+            m.conv2.weight.add_(0.25)
+    _check(eager, compiled, x)
+    with torch.no_grad():
+        got, want = compiled(x.to(memory_format=torch.channels_last)), eager(x)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert got.stride() == want.stride()

@@ -309,6 +309,7 @@ class FrozenGraph:
     example_consts: list[torch.Tensor]  # folded values for the example inputs
     folded: int                         # how many graph nodes were folded
     conv_bn: int                        # how many BatchNorms were folded into convolutions
+    channels_last: tuple[int, ...] = ()  # folded values stored channels-last (conv weights)
 
 
 def freeze(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], context: Any,
@@ -374,18 +375,43 @@ def freeze(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], context: Any
         example_consts = list(const_gm(*ex))
     # the graph to compile: one new trailing placeholder per boundary node
     last = placeholders[-1]
+    channels_last: list[int] = []
     for k, n in enumerate(boundary):
         with gm.graph.inserting_after(last):
             p = gm.graph.placeholder(f"frozen{k}")
         p.meta["val"] = n.meta["val"]
         last = p
         n.replace_all_uses_with(p)
+        if _channels_last_weight(p, options):
+            # ATen copies a contiguous weight to channels-last on every call of a channels-last
+            # convolution (``weight.contiguous(channels_last)``): folded once that way instead
+            channels_last.append(k)
+            example_consts[k] = example_consts[k].contiguous(memory_format=torch.channels_last)
+            v = p.meta["val"]
+            # the strides ATen gives (a 1x1 weight keeps its contiguous ones: the same layout)
+            p.meta["val"] = v.new_empty_strided(v.shape, example_consts[k].stride())
     gm.graph.eliminate_dead_code()
     gm.recompile()
     log.debug("froze %d values (%d BatchNorms into convolutions) from %d inputs",
               len(boundary), conv_bn, len(watch))
     return FrozenGraph(gm, const_gm, watch, example_consts, len(needed - set(placeholders)),
-                       conv_bn)
+                       conv_bn, tuple(channels_last))
+
+
+def _channels_last_weight(p: torch.fx.Node, options: dict[str, Any]) -> bool:
+    """Is the frozen value ``p`` read only as the weight of 2-d convolutions that the layout
+    plan runs channels-last (their inputs are made channels-last, so a channels-last weight
+    changes no result's layout)?"""
+    from .layout import _conv2d
+
+    v = p.meta.get("val")
+    if (not options.get("layout_opt", True) or not isinstance(v, torch.Tensor) or v.dim() != 4
+            or v.dtype not in (torch.float32, torch.float64) or not p.users
+            or not v.is_contiguous() or not all(isinstance(s, int) for s in v.shape)):
+        return False
+    return all(u.op == "call_function" and u.target is aten.convolution.default
+               and u.args[1] is p and p not in u.args[:1] + u.args[2:] and _conv2d(u)
+               for u in p.users)
 
 
 def _copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
@@ -403,6 +429,8 @@ class FrozenCall:
         self.compiled = compiled
         self.const_fn = frozen.const_fn
         self.watch = frozen.watch
+        # constants kept channels-last (convolution weights; see freeze)
+        self.channels_last = frozen.channels_last
         self.check = check
         self.consts: list[torch.Tensor] | None = None
         self.key: list[tuple[int, int]] = []
@@ -426,6 +454,8 @@ class FrozenCall:
         if self._changed(ws):
             with torch.no_grad():
                 self.consts = list(self.const_fn(*ws))
+                for k in self.channels_last:
+                    self.consts[k] = self.consts[k].contiguous(memory_format=torch.channels_last)
             self.key = [(t._version, t.data_ptr()) for t in ws]
             if self.check == "content":
                 self.snapshot = [t.detach().clone() for t in ws]
