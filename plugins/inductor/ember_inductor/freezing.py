@@ -35,6 +35,8 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx
 
+from .runtime.compare import same_contents
+
 __all__ = ["FrozenGraph", "freeze", "FrozenCall", "freeze_and_compile", "counters"]
 
 log = logging.getLogger("ember.inductor.freezing")
@@ -445,7 +447,7 @@ class FrozenCall:
             return True
         if self.check == "content":
             for t, s in zip(ws, self.snapshot):
-                if not torch.equal(t, s):
+                if not same_contents(t, s):  # byte-wise, one thread (runtime/compare.py)
                     return True
         return False
 
