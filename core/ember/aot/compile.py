@@ -47,7 +47,7 @@ def _readable(gm: torch.fx.GraphModule) -> str:
 
 
 class _RunEagerly:
-    """A variant that could not be traced (data-dependent shapes in its backward, say)."""
+    """A variant that could not be traced (a branch on data in its backward, say)."""
 
     def __init__(self, gm: torch.fx.GraphModule):
         self.gm = gm
@@ -361,8 +361,8 @@ class AOTCompiled:
         return runtime
 
     def _size_guards(self, watch: ShapeEnvWatch | None) -> Any:
-        """After tracing: no new symbols (else a data-dependent size), and a check of the guards
-        tracing added (see :class:`ember.aot.symbolic.GuardCheck`)."""
+        """After tracing: no new symbols but unbacked ones (data-dependent sizes), and a check of
+        the guards tracing added (see :class:`ember.aot.symbolic.GuardCheck`)."""
         if watch is None:
             return None
         watch.check_no_new_symbols(allow_unbacked=True)

@@ -3,7 +3,9 @@ expressions and checking the guards AOT's own tracing added.
 
 Under dynamic shapes the graph's placeholders carry symbolic FakeTensors and SymInts made by
 capture in one ``FakeTensorMode`` / ``ShapeEnv``. AOT traces with exactly those values (no new
-symbols). What the runtime needs as concrete numbers (the geometry of an output that is a view of
+symbols but unbacked ones: the sizes of data-dependent results such as ``nonzero`` or ``x[mask]``,
+which live inside the graphs and are read from their tensors at run time; static graphs get them
+from :func:`unbacked_mode`). What the runtime needs as concrete numbers (the geometry of an output that is a view of
 an input, a guard a decomposition added) is a sympy expression over those symbols, evaluated from
 the real inputs of each call: every symbol is bound to the place it was read from (a size, a
 stride or a storage offset of a tensor input, or an int input).
