@@ -361,7 +361,14 @@ def cat(tensors: Sequence[Any], dim: int = 0) -> Any:
                 v = ld(sub)
                 return ops.to_dtype(v, dt) if src.dtype != dt else v
             if first:
-                result, first = body(), False
+                # the last part is read only where it lies: below its start its index would be
+                # negative (a read before the buffer, which may be unmapped memory)
+                if s0 == 0:
+                    result = body()
+                else:
+                    ge = ops.ge(ops.index_expr(idx[d], torch.int64), size_value(s0))
+                    result = ops.masked(ge, body, 0, dt)
+                first = False
                 continue
             cond = ops.lt(ops.index_expr(idx[d], torch.int64),
                           size_value(s0 + parts[k].get_size()[d]))
