@@ -168,3 +168,18 @@ def test_written_out_tanh_gelu_becomes_the_post_op(shared) -> None:
     assert body.count(LINEAR) == 1, body
     assert ("'gelu', [], 'tanh')" in body) == (not shared), body
     assert_same(call(*a), fn(*a))
+
+
+def test_auto_keeps_a_transposed_activation_on_aten() -> None:
+    g = torch.Generator().manual_seed(4)
+    gt, x = torch.randn(256, 128, generator=g), torch.randn(256, 256, generator=g)
+
+    def fn(gt, x):  # a weight gradient: mm(grad.t(), x)
+        return (torch.mm(gt.t(), x),)
+
+    src, call = _compile(fn, (gt, x))
+    assert LINEAR not in src
+    assert_same(call(gt, x), fn(gt, x))
+    src, call = _compile(fn, (gt, x), onednn_linear="always")
+    assert LINEAR in src
+    assert_same(call(gt, x), fn(gt, x))

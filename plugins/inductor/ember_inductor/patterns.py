@@ -467,7 +467,10 @@ def fuse_linears(gm: torch.fx.GraphModule, mode: Any = "auto") -> int:
         if bias is not None and not (_static(bv) and bv.dtype == torch.float32
                                      and list(bv.shape) == [n]):
             continue
-        if mode != "always" and not onednn_preferred(m, k, n):
+        # measured with row-major activations only: a transposed one (a backward graph's
+        # weight gradient, ``mm(grad.t(), x)``) was as often slower
+        rows = xv.stride(1) == 1 or k == 1
+        if mode != "always" and not (rows and onednn_preferred(m, k, n)):
             continue
         attr, algorithm, act = "none", "", _sole_gelu(node)
         if act is not None:
