@@ -257,8 +257,9 @@ class AOTCompiled:
             if op is None:
                 raise
             where = "forward" if key == "inference" else "joint forward/backward"
-            how = ("the graph branches on it (a guard on an unbacked symbol), which a compiled "
-                   "graph cannot do" if isinstance(e, GuardOnDataDependentSymNode)
+            how = ("the graph needs its concrete value (a branch on it, or an int made of it: a "
+                   "guard on an unbacked symbol), which a compiled graph cannot have"
+                   if isinstance(e, GuardOnDataDependentSymNode)
                    else "no symbolic size can express it")
             raise RuntimeError(
                 f"data-dependent shape or value in the {where} graph ({op}: its result depends "
