@@ -183,3 +183,24 @@ def test_auto_keeps_a_transposed_activation_on_aten() -> None:
     src, call = _compile(fn, (gt, x), onednn_linear="always")
     assert LINEAR in src
     assert_same(call(gt, x), fn(gt, x))
+
+
+def test_bias_must_be_a_dense_graph_input() -> None:
+    # oneDNN reads its bias as contiguous whatever the strides: a strided bias (or one computed
+    # in the graph, whose layout the lowering decides) stays on addmm
+    g = torch.Generator().manual_seed(5)
+    x, w = torch.randn(8, 16, generator=g), torch.randn(32, 16, generator=g) / 4
+    strided = torch.randn(64, generator=g)[::2]
+
+    def fn(x, w, b):
+        return (torch.nn.functional.linear(x, w, b),)
+
+    def computed(x, w, b):
+        return (torch.nn.functional.linear(x, w, b * 2),)
+
+    for f, b in ((fn, strided), (computed, strided.contiguous())):
+        src, call = _compile(f, (x, w, b), onednn_linear="always")
+        assert LINEAR not in src, src
+        assert_same(call(x, w, b), f(x, w, b))
+    src, call = _compile(fn, (x, w, strided.contiguous()), onednn_linear="always")
+    assert LINEAR in src

@@ -11,10 +11,10 @@ frozen (an inference graph's parameter, see :mod:`ember_inductor.freezing`):
   was built with oneDNN; also what ``patterns.fuse_linears`` picks between in every mode).
 
 Each is timed on the example sizes (random activations, the real weight): interleaved rounds after
-a warm-up, the best round of each. The choice is stored in Ember's on-disk cache (``runtime.cache`` text entries,
-namespace ``"autotune"``), keyed by the shapes, strides and dtypes, the candidates, the torch
-version and the CPU, so the next compile of the same layer anywhere on this machine reuses it
-without timing. ``mode="reduce-overhead"`` (CUDA graphs on the GPU) changes nothing on the CPU.
+a warm-up, the best round of each. The choice is stored in Ember's on-disk cache
+(``runtime.cache`` text entries, namespace ``"autotune"``), keyed by the shapes, strides and
+dtypes, the candidates, the torch version and the CPU, so the next compile of the same layer
+anywhere on this machine reuses it without timing. ``mode="reduce-overhead"`` (CUDA graphs on the GPU) changes nothing on the CPU.
 """
 
 from __future__ import annotations
@@ -172,7 +172,9 @@ def tune_linears(gm: torch.fx.GraphModule, const: set[torch.fx.Node],
                 packed = None
         from .patterns import linear_op
 
-        onednn = linear_op() if W.dtype == torch.float32 else None
+        # oneDNN reads a bias as contiguous whatever its strides
+        onednn = (linear_op() if W.dtype == torch.float32
+                  and (B is None or B.is_contiguous()) else None)
         if onednn is not None:
             cands["onednn"] = lambda: onednn(X, W, B, "none", [], "")
         sig = ("linear", tuple(xm.shape), tuple(xm.stride()), tuple(W.shape), tuple(W.stride()),

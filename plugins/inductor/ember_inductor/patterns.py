@@ -430,11 +430,12 @@ def fuse_linears(gm: torch.fx.GraphModule, mode: Any = "auto") -> int:
     Why: torch's default CPU matmul (MKL's sgemm, what ``addmm`` runs) is slower than oneDNN
     on most linear layers of the zoo on this project's machines, but not on all:
     ``mode="auto"`` rewrites where :func:`onednn_preferred` says so, ``mode="always"`` every
-    eligible one (tests). oneDNN computes the same product in another summation order (errors against float64
-    within 2-3x of sgemm's). Eligible: static 2-d float32 operands, a 1-d bias of the output's
-    width, alpha = beta = 1; the result is a fresh contiguous tensor, as addmm's. A ``gelu``
-    that is the product's only reader becomes oneDNN's post-op (its error against float64 is
-    eager's: oneDNN computes it on the float32 result as well). A node whose
+    eligible one (tests). oneDNN computes the same product in another summation order (errors
+    against float64 within 2-3x of sgemm's). Eligible: static 2-d float32 operands, a 1-d bias
+    of the output's width that is a dense graph input, alpha = beta = 1; the result is a fresh
+    contiguous tensor, as addmm's. A ``gelu`` that is the product's only reader becomes
+    oneDNN's post-op (its error against float64 is eager's: oneDNN computes it on the float32
+    result as well). A node whose
     ``meta["ember_linear"]`` is ``"aten"`` (max-autotune chose it) is left alone."""
     op = linear_op()
     if op is None:
@@ -464,8 +465,11 @@ def fuse_linears(gm: torch.fx.GraphModule, mode: Any = "auto") -> int:
         n = wv.shape[1]
         if min(m, k, n) == 0 or not yv.is_contiguous() or list(yv.shape) != [m, n]:
             continue
-        if bias is not None and not (_static(bv) and bv.dtype == torch.float32
-                                     and list(bv.shape) == [n]):
+        # oneDNN reads the bias as contiguous whatever its strides (a strided one gave wrong
+        # sums): only a graph input (whose layout the graph was traced with) laid out densely
+        if bias is not None and not (isinstance(bias, torch.fx.Node) and bias.op == "placeholder"
+                                     and _static(bv) and bv.dtype == torch.float32
+                                     and list(bv.shape) == [n] and (n == 1 or bv.stride(0) == 1)):
             continue
         # measured with row-major activations only: a transposed one (a backward graph's
         # weight gradient, ``mm(grad.t(), x)``) was as often slower
