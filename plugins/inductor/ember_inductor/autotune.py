@@ -14,7 +14,8 @@ Each is timed on the example sizes (random activations, the real weight): interl
 a warm-up, the best round of each. The choice is stored in Ember's on-disk cache
 (``runtime.cache`` text entries, namespace ``"autotune"``), keyed by the shapes, strides and
 dtypes, the candidates, the torch version and the CPU, so the next compile of the same layer
-anywhere on this machine reuses it without timing. ``mode="reduce-overhead"`` (CUDA graphs on the GPU) changes nothing on the CPU.
+anywhere on this machine reuses it without timing. ``mode="reduce-overhead"`` (CUDA graphs on
+the GPU) changes nothing on the CPU.
 """
 
 from __future__ import annotations
