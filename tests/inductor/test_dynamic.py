@@ -329,16 +329,21 @@ def test_cache_key_is_the_symbolic_source() -> None:
     assert_same(fn(x)[0], f(x)[0])
 
 
-def test_unbacked_size_raises_rather_than_specializing() -> None:
-    """A size only known from data (nonzero) cannot be bound from the inputs: the compile
-    raises (the caller falls back), it never bakes in the example's value."""
+def test_unbacked_size_runs_as_aten_ops_rather_than_specializing() -> None:
+    """A size only known from data (nonzero) cannot be bound from the inputs: the graph runs as
+    its ATen ops (logged; tests/inductor/test_unbacked_inductor.py), it never bakes in the
+    example's value."""
     def f(x):
         return (x[x > 0] * 2,)
 
     gm = make_fx(f, tracing_mode="symbolic", decomposition_table=decompositions())(
         torch.randn(8))
-    with pytest.raises(NotImplementedError):
-        compile_inductor(gm, [torch.randn(8)])
+    fn = compile_inductor(gm, [torch.randn(8)])
+    for n_pos in (3, 6, 0):  # other counts of positive elements than the example's
+        x = torch.cat([torch.rand(n_pos) + 0.5, -torch.rand(8 - n_pos) - 0.5])
+        out = fn(x)[0]
+        assert out.shape == (n_pos,)
+        torch.testing.assert_close(out, f(x)[0])
 
 
 # -- snapshot ---------------------------------------------------------------------------------------
