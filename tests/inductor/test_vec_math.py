@@ -63,7 +63,7 @@ def _ulps(got: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
 # (function, max ulp against float64, max ulp against eager float32)
 CASES: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], float, float]] = {
     "exp": (torch.exp, 1.0, 2.0),
-    "erf": (torch.erf, 1.1, 2.0),
+    "erf": (torch.erf, 1.3, 2.0),       # 1.05 with fma, 1.28 on a target without
     "log": (torch.log, 1.0, 2.0),
     "tanh": (torch.tanh, 2.0, 3.0),     # libmvec's tanhf (1.4 ulp) or libm's
     # 1 / (1 + exp(-x)), as eager computes it: 0 below x = -88.7 where exp(-x) overflows (eager
