@@ -394,3 +394,30 @@ def test_ember_compile_branch_on_data_in_backward_falls_back_with_reason(caplog)
     assert any(r.name == "ember.fallback" and "data-dependent" in r.getMessage()
                and "a branch on it" in r.getMessage() for r in caplog.records)
     _check(compiled, fn, args, (0,))
+
+
+def _assign_into_input(x, m, v, w):
+    x[m] = v  # an input mutated through a mask by a value that requires grad
+    return ((x * w).sum(),)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_ember_compile_masked_assign_into_an_input(dynamic: bool) -> None:
+    ember.reset()
+    ember.events.counters["stats"].clear()
+    compiled = ember.compile(_assign_into_input, backend="aot_eager", dynamic=dynamic)
+    with ember.config.patch(suppress_errors=False):
+        for n in (4, 6):
+            torch.manual_seed(n)
+            x, m = torch.randn(n, 5), torch.randn(n, 5) > 0
+            v, w = torch.randn(()), torch.randn(n, 5)
+            xc, vc, wc = x.clone(), v.clone().requires_grad_(), w.clone().requires_grad_()
+            xe, ve, we = x.clone(), v.clone().requires_grad_(), w.clone().requires_grad_()
+            out, ref = compiled(xc, m, vc, wc)[0], _assign_into_input(xe, m, ve, we)[0]
+            out.backward()
+            ref.backward()
+            assert_close(out, ref)
+            assert_close(xc, xe)  # the input's new value, as eager's
+            assert_close(vc.grad, ve.grad)
+            assert_close(wc.grad, we.grad)
+    assert ember.events.counters["stats"].get("fallbacks", 0) == 0
