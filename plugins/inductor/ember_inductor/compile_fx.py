@@ -125,7 +125,7 @@ def generate_source(gm: torch.fx.GraphModule, key: str = "",
         for name, t in graph.constants.items():
             dtypes[name] = t.dtype
         cpp = generate_cpp(sched, dtypes)
-        src = generate_wrapper(graph, sched, cpp, key)
+        src = generate_wrapper(graph, sched, cpp, key, options)
     counters["generated"] += 1
     info = {"fallbacks": graph.fallback_ops,
             "regions": sum(isinstance(s, CppRegion) for s in sched.steps)}

@@ -13,7 +13,8 @@ import sympy
 import torch
 
 from ..ir import Buffer, ExternKernel, MultiOutput, NoneValue, ReinterpretView
-from ..scheduler import CppRegion, Scheduler, _reads_of, out_overload, plan_buffer_reuse
+from ..scheduler import (CppRegion, Scheduler, _reads_of, _returns_alias, out_overload,
+                         plan_buffer_reuse)
 from ..sizes import to_py
 
 __all__ = ["generate_wrapper"]
@@ -71,12 +72,22 @@ def _same_layout(a: Any, b: Any) -> bool:
         return False
 
 
+# an in-place ATen op may resize or restride a buffer (which the next call would then see), or
+# make it an alias of another tensor: a buffer any in-place op reads is not pooled
+def _in_place(op: Any) -> bool:
+    name = getattr(op, "_schema", None)
+    name = name.name.split("::")[-1] if name is not None else ""
+    return name.endswith("_") or not name
+
+
 class WrapperWriter:
-    def __init__(self, graph: Any, sched: Scheduler, cpp_sources: list[str], key: str):
+    def __init__(self, graph: Any, sched: Scheduler, cpp_sources: list[str], key: str,
+                 options: dict[str, Any] | None = None):
         self.g = graph
         self.s = sched
         self.cpp = cpp_sources
         self.key = key
+        self.options = options or {}
 
     def value(self, v: Any) -> str:
         if isinstance(v, ReinterpretView):
@@ -102,6 +113,8 @@ class WrapperWriter:
         ]
         if regions:
             head.append("from ember_inductor.runtime.cache import compile_cpp_many, load_cpp")
+        # the pool's import goes here when the wrapper has one (known only below)
+        pool_import = len(head)
         head += [
             "",
             "_empty = torch.empty_strided",
@@ -161,6 +174,12 @@ class WrapperWriter:
         keep = set(s.output_names) | {b.name for b in g.inputs} | set(g.constants)
         # dead buffers whose storage a later buffer of the same dtype and extent takes over
         reuse, held = plan_buffer_reuse(s.steps, self._by_name, last, keep)
+        # internal buffers kept between calls (runtime/pool.py): index in the pool, and the
+        # symbols their sizes use (the pool's key)
+        pooled, pool_syms = self._pooled(reuse)
+        pool_var = "pool"
+        while pool_var in arg_names or pool_var in getattr(g, "sym_bindings", {}):
+            pool_var += "_"
         # buffers a C++ region writes, and ATen results written through ``out=`` into a reused
         # buffer: in their declared layout (an ATen call's own result may come back with other
         # strides than its metadata's, so it is always viewed)
@@ -183,6 +202,9 @@ class WrapperWriter:
                         else:
                             body.append(f"    {n} = _view({old}, {_tuple(lay.size)}, "
                                         f"{_tuple(lay.stride)}, 0); del {old}  # reuse")
+                        continue
+                    if n in pooled:
+                        body.append(f"    {n} = {pool_var}[{pooled[n]}]")
                         continue
                     body.append(f"    {n} = _empty({_tuple(lay.size)}, {_tuple(lay.stride)}, "
                                 f"dtype={_DTYPE_NAMES[lay.dtype]})")
@@ -233,7 +255,77 @@ class WrapperWriter:
         for o in g.outputs:
             outs.append(self.value(o))
         body.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
+        if pooled:
+            head[pool_import:pool_import] = ["from ember_inductor.runtime.pool import BufferPool"]
+            head[-2:-2] = self._pool_lines(pooled, pool_syms)
+            nsyms = len(getattr(g, "sym_bindings", {}))
+            body[1 + nsyms:] = ([f"    {pool_var} = _pool.take({', '.join(pool_syms)})",
+                                 "    try:"]
+                                + ["    " + line for line in body[1 + nsyms:]]
+                                + ["    finally:", f"        _pool.release({pool_var})"])
         return "\n".join(head + body) + "\n"
+
+    def _pooled(self, reuse: dict[str, str]) -> tuple[dict[str, int], list[str]]:
+        """The buffers this wrapper allocates that can be kept between calls, numbered in the
+        order they are made, and the size symbols of the pool's key. A buffer is kept when no
+        buffer that shares its storage (one that took it over, an ATen result that aliases it)
+        is a graph output, and no in-place ATen op reads any of them."""
+        g, s = self.g, self.s
+        if not self.options.get("buffer_pool", True):
+            return {}, []
+        roots = [n for st in s.steps if isinstance(st, CppRegion) for n in st.writes
+                 if n not in reuse and n not in s.output_names]
+        if not roots:
+            return {}, []
+        # names whose storage may outlive the call, closed under "shares storage with"
+        escapes = set(s.output_names)
+        for st in s.steps:
+            if isinstance(st, ExternKernel) and _in_place(st.op):
+                escapes |= _reads_of(st)
+        changed = True
+        while changed:
+            changed = False
+            for st in s.steps:
+                if st.__class__ is CppRegion:
+                    continue
+                name = getattr(st, "name", None)
+                if name in escapes:
+                    shared = set()
+                    if isinstance(st, MultiOutput):
+                        shared.add(st.parent.name)
+                    elif isinstance(st, ExternKernel) and _returns_alias(st.op):
+                        shared |= _reads_of(st)
+                    if not shared <= escapes:
+                        escapes |= shared
+                        changed = True
+            for new, old in reuse.items():
+                if new in escapes and old not in escapes:
+                    escapes.add(old)
+                    changed = True
+        bound = set(getattr(g, "sym_bindings", {}))
+        pooled: dict[str, int] = {}
+        used: set[str] = set()
+        for n in roots:
+            lay = self._buffer(n).layout
+            syms = {str(x) for e in (*lay.size, *lay.stride)
+                    for x in getattr(sympy.sympify(e), "free_symbols", ())}
+            if n in escapes or not syms <= bound or lay.dtype not in _DTYPE_NAMES:
+                continue
+            pooled[n] = len(pooled)
+            used |= syms
+        return pooled, [k for k in getattr(g, "sym_bindings", {}) if k in used]
+
+    def _pool_lines(self, pooled: dict[str, int], syms: list[str]) -> list[str]:
+        params = (" " + ", ".join(syms)) if syms else ""
+        lines = ["", "# call()'s internal buffers (never returned), kept between calls: a buffer "
+                 "is written", "# before it is read, as a fresh one would be (runtime/pool.py)",
+                 f"_pool = BufferPool(lambda{params}: ["]
+        for n in pooled:
+            lay = self._buffer(n).layout
+            lines.append(f"    _empty({_tuple(lay.size)}, {_tuple(lay.stride)}, "
+                         f"dtype={_DTYPE_NAMES[lay.dtype]}),  # {n}")
+        lines.append("])")
+        return lines
 
     def _buffer(self, name: str) -> Buffer:
         return self._by_name[name]
@@ -253,6 +345,9 @@ class WrapperWriter:
         return out
 
 
-def generate_wrapper(graph: Any, sched: Scheduler, cpp_sources: list[str], key: str) -> str:
-    return WrapperWriter(graph, sched, cpp_sources, key).generate()
+def generate_wrapper(graph: Any, sched: Scheduler, cpp_sources: list[str], key: str,
+                     options: dict[str, Any] | None = None) -> str:
+    """The wrapper's source; ``options["buffer_pool"]`` (default True) keeps its internal
+    buffers allocated between calls (runtime/pool.py)."""
+    return WrapperWriter(graph, sched, cpp_sources, key, options).generate()
 
