@@ -1,7 +1,9 @@
 """The wrapper's buffer pool (runtime/pool.py): internal buffers of a compiled graph stay allocated
 between calls; outputs and buffers that share storage with an output are fresh each call; a call
 that finds the pool taken (another thread, a re-entrant call) allocates its own; an exception
-gives the pool back; symbolic sizes remake the buffers when they change."""
+gives the pool back; symbolic sizes remake the buffers when they change. By default only buffers
+of at least 4 MiB are pooled; most tests here pool every buffer (``buffer_pool_min_bytes=0``)
+to keep their graphs small."""
 
 from __future__ import annotations
 
@@ -22,8 +24,12 @@ from ember_inductor.decompositions import decompositions
 from inductor_util import assert_same
 
 
+ALL = {"buffer_pool_min_bytes": 0}
+
+
 def _load(fn: Callable[..., Any], inputs: tuple[Any, ...], mode: str = "real",
           **options: Any) -> tuple[Callable[..., Any], str]:
+    options = {**ALL, **options}
     gm = make_fx(fn, tracing_mode=mode, decomposition_table=decompositions())(*inputs)
     key = f"pool-test-{fn.__name__}-{mode}-{sorted(options.items())}"
     src, _ = generate_source(gm, key=key, options=options)
@@ -83,8 +89,35 @@ def test_option_off() -> None:
     assert_same(call(*_inputs()), _f(*_inputs()))
     # through the compiler entry, as ember.compile(..., options=...) passes it
     gm = make_fx(_f, decomposition_table=decompositions())(*_inputs())
-    assert "_pool" not in compile_inductor(gm, list(_inputs()), buffer_pool=False).__globals__
-    assert "_pool" in compile_inductor(gm, list(_inputs())).__globals__
+    assert "_pool" not in compile_inductor(gm, list(_inputs()), buffer_pool=False,
+                                           **ALL).__globals__
+    assert "_pool" in compile_inductor(gm, list(_inputs()), **ALL).__globals__
+
+
+def test_default_pools_large_buffers_only() -> None:
+    """Default threshold 4 MiB: the [64, 64] softmax is allocated per call; a [1024, 1024] one
+    (4 MiB) is pooled."""
+    gm = make_fx(_f, decomposition_table=decompositions())(*_inputs())
+    assert "BufferPool" not in generate_source(gm, key="pool-default-small")[0]
+    big = (torch.randn(1024, 1024), torch.randn(1024, 64))
+    gm = make_fx(_f, decomposition_table=decompositions())(*big)
+    src, _ = generate_source(gm, key="pool-default-big")
+    assert re.search(r"^        buf\d+ = pool\[0\]$", src, re.M), src
+    assert_same(load_wrapper(src, gm, "pool-default-big")(*big), _f(*big), atol=1e-4, rtol=1e-4)
+
+
+def test_precompiled_artifact_with_pool(tmp_path: Any) -> None:
+    """A precompiled artifact embeds the pooled wrapper; saved, loaded and run, it equals eager
+    over calls with other inputs."""
+    art = ember.precompile(_f, *_inputs(), backend="inductor", options=ALL)
+    assert "_pool = BufferPool(" in art.source and "= pool[0]" in art.source
+    art.save(str(tmp_path / "art"))
+    from ember.precompile import load
+
+    fn = load(str(tmp_path / "art"))
+    for seed in range(3):
+        args = _inputs(seed=seed)
+        assert_same(list(fn(*args)), list(_f(*args)))
 
 
 def test_outputs_are_never_pooled() -> None:
@@ -156,7 +189,7 @@ def test_training_twice_with_retained_outputs() -> None:
     eager = _MLP()
     model = _MLP()
     model.load_state_dict(eager.state_dict())
-    compiled = ember.compile(model, backend="inductor")
+    compiled = ember.compile(model, backend="inductor", options=ALL)
     xs = [torch.randn(16, 32) for _ in range(2)]
     outs, eouts = [], []
     with ember.config.patch(suppress_errors=False):
