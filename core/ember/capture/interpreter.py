@@ -29,7 +29,6 @@ from .. import config
 from ..exc import Unsupported
 from . import rules
 from .output import OutputGraph
-from .symbolic import composite_dispatch
 from .sources import (Attr, Buffer, CellContents, ClosureCell, Defaults, GetItem, Global,
                       ModuleChild, NamespaceRef, Param, Source)
 from .variables import (AutocastVar, BoundMethodVar, BuiltinVar, CellVar, ClassVar, ConstVar,
@@ -313,7 +312,12 @@ class Tracer:
         nkw, fkw = {}, {}
         for k, a in kwargs.items():
             nkw[k], fkw[k] = self._to_node_and_fake(a)
-        dispatch = composite_dispatch() if self.out.symbolic is not None else _NULL
+        if self.out.symbolic is not None:
+            from .symbolic import composite_dispatch  # sympy: never imported by static captures
+
+            dispatch = composite_dispatch()
+        else:
+            dispatch = _NULL
         try:
             with self.out.fake_mode, dispatch:
                 result = fake_fn(*fargs, **fkw)

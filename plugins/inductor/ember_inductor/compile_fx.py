@@ -84,9 +84,24 @@ def _shape_env(gm: torch.fx.GraphModule) -> Any:
     return None
 
 
+def _symbolic(v: Any) -> bool:
+    """Whether a node value holds a symbolic size, stride or number."""
+    if isinstance(v, torch.Tensor):
+        if any(not isinstance(d, int) for d in v.shape):
+            return True
+        return v.layout == torch.strided and (
+            any(not isinstance(d, int) for d in v.stride())
+            or not isinstance(v.storage_offset(), int))
+    if isinstance(v, (list, tuple)):
+        return any(_symbolic(x) for x in v)
+    return isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool))
+
+
 def _unbacked_sizes(gm: torch.fx.GraphModule) -> str | None:
     """Why the graph has data-dependent sizes (the first node whose value has an unbacked
     symbol), or None."""
+    if not any(_symbolic(n.meta.get("val")) for n in gm.graph.nodes):
+        return None  # static graph: no symbols at all (and no sympy import on a warm start)
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
     for n in gm.graph.nodes:
