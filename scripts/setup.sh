@@ -5,7 +5,8 @@
 #   2. torch==2.13.0 FIRST: anything torch-dependent installed before it would pull a
 #      multi-GB CUDA build of torch instead of the CPU build this project pins
 #   3. ember (core) and the four first-party plugins, editable
-#   4. test and benchmark tools: pytest, hypothesis, transformers, matplotlib, pytest-timeout,
+#   4. test and benchmark tools: pytest, hypothesis, transformers (pinned: tests/hf/oracle.json
+#      holds torch.compile's graph counts for that version), matplotlib, pytest-timeout,
 #      expecttest (torch.testing._internal, imported by the OpInfo sweep, needs it)
 #
 # A stamp in .venv records what was installed; a second run with unchanged inputs does nothing.
@@ -18,7 +19,7 @@ VENV="$ROOT/.venv"
 VPY="$VENV/bin/python"
 STAMP="$VENV/.ember-setup-stamp"
 TORCH_VERSION="2.13.0"
-TEST_DEPS=(pytest hypothesis transformers matplotlib pytest-timeout expecttest)
+TEST_DEPS=(pytest hypothesis "transformers==5.24.0" matplotlib pytest-timeout expecttest)
 
 log() { echo "[setup] $*" >&2; }
 
