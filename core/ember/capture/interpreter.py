@@ -38,6 +38,9 @@ from .variables import (AutocastVar, BoundMethodVar, BuiltinVar, CellVar, ClassV
                         TensorMethodVar, TensorVar, TupleVar, Var, PartialVar)
 
 log = logging.getLogger("ember.capture")
+#: what torch's argument parser reads a Python scalar type as, where it takes a dtype
+_PY_DTYPES = {int: torch.int64, float: torch.float64, bool: torch.bool,
+              complex: torch.complex128}
 _NULL = contextlib.nullcontext()  # reusable: no dispatch change for static captures
 
 PY312 = sys.version_info >= (3, 12)
@@ -295,6 +298,12 @@ class Tracer:
                 return self.out.graph_arg(v.value), v.value
             return v.value, v.value
         if isinstance(v, (BuiltinVar, ClassVar, PyModuleVar)):
+            # a Python scalar type where torch takes a dtype (``torch.tensor(0, dtype=int)``,
+            # ``x.to(float)``): torch reads it as that dtype; the graph gets the dtype itself
+            # (fx cannot write a class into generated code)
+            dtype = _PY_DTYPES.get(v.value) if isinstance(v.value, type) else None
+            if dtype is not None:
+                return dtype, dtype
             return v.value, v.value
         if isinstance(v, SetVar) and v.is_const():
             c = v.as_const()
