@@ -566,7 +566,12 @@ def contains(tr: Any, container: Var, item: Var) -> bool:
     if isinstance(container, ConstVar) and item.is_const():
         return item.as_const() in container.value
     if isinstance(container, NNModuleVar) and isinstance(container.value, torch.nn.ModuleDict):
-        return item.as_const() in container.value._modules
+        key = item.as_const()
+        r = key in container.value._modules
+        if container.source is not None:
+            ref = tr.out.stable_ref(container.value, container.source)
+            tr.out.guards.add(f"({key!r} in {ref}._modules) is {r}")
+        return r
     if isinstance(container, ObjectVar) and item.is_const():
         return item.as_const() in container.value
     raise Unsupported(f"`in` on {container.describe()}")
@@ -629,6 +634,7 @@ def getitem(tr: Any, obj: Var, idx: Var) -> Var:
             return tr.wrap(m._modules[key], ModuleChild(obj.source, key))
         if isinstance(m, (torch.nn.Sequential, torch.nn.ModuleList)):
             keys = list(m._modules.keys())
+            tr.guard_registry(obj, "_modules")  # a position means something only in this list
             if isinstance(key, slice):
                 # A real slice (a new Sequential/ModuleList sharing the children), guarded on
                 # the children it holds.
@@ -767,7 +773,10 @@ def _len(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
     if isinstance(v, (TupleVar, ListVar, SetVar, DictVar)):
         return ConstVar(len(v.items))
     if isinstance(v, NNModuleVar):
-        return ConstVar(len(v.value))
+        n = module_len(tr, v)
+        if n is None:
+            raise Unsupported(f"len() of {v.describe()}")
+        return n if isinstance(n, Var) else ConstVar(n)
     if isinstance(v, ConstVar):
         return ConstVar(len(v.value))
     if isinstance(v, DataclassVar) and _is_model_output(v.cls):
@@ -779,6 +788,29 @@ def _len(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
         if ln is not None and isinstance(v, ObjectVar):  # a C-level __len__ (mappingproxy...)
             return ConstVar(len(v.value))
     raise Unsupported(f"len() of {v.describe()}")
+
+
+#: containers whose ``len`` is the size of one registry
+_REGISTRY_OF_LEN = ((torch.nn.ModuleDict, "_modules"), (torch.nn.Sequential, "_modules"),
+                    (torch.nn.ModuleList, "_modules"), (torch.nn.ParameterList, "_parameters"),
+                    (torch.nn.ParameterDict, "_parameters"))
+
+
+def module_len(tr: Any, v: NNModuleVar) -> Any:
+    """``len`` of a module (guarded on what it counts): an int, a Var when the class defines
+    ``__len__`` in Python (traced), or None when the module has no ``__len__``."""
+    m = v.value
+    ln = inspect.getattr_static(type(m), "__len__", None)
+    if ln is None:
+        return None
+    for cls, registry in _REGISTRY_OF_LEN:
+        if isinstance(m, cls) and ln is inspect.getattr_static(cls, "__len__", None):
+            tr.guard_registry(v, registry)
+            return len(getattr(m, registry))
+    if isinstance(ln, types.FunctionType):
+        n = tr.call(FunctionVar(ln), [v], {})
+        return n.as_const() if isinstance(n, ConstVar) else n
+    raise Unsupported(f"len() of {v.describe()} (a C-level __len__)")
 
 
 def _isinstance(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:

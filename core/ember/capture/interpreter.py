@@ -694,6 +694,18 @@ class Tracer:
                 return self.call(FunctionVar(call), [fn, *args], kwargs)
         raise Unsupported(f"calling {fn.describe()}")
 
+    def guard_registry(self, mv: NNModuleVar, registry: str = "_modules") -> None:
+        """Guard the names, in order, in one of ``mv``'s registries (``_modules``,
+        ``_parameters``, ``_buffers``). What is read from a registry by name is guarded where it
+        is read; code that reads a registry as a whole (iteration, ``len``, an index by position,
+        ``named_parameters()``) also depends on which names it holds, and a child appended,
+        deleted or registered after compiling must recompile."""
+        if mv.source is None:
+            return
+        keys = list(getattr(mv.value, registry))
+        ref = self.out.stable_ref(mv.value, mv.source)
+        self.out.guards.add(f"list({ref}.{registry}) == {keys!r}")
+
     def module_iter_method(self, mv: NNModuleVar, name: str, args: list[Var],
                            kwargs: dict[str, Var]) -> Var:
         """named_parameters(), children(), modules() and friends: evaluated on the real module,
@@ -708,6 +720,15 @@ class Tracer:
                 parent, _, leaf = path.rpartition(".")
                 psrc = subs[parent][1]
                 subs[path] = (sub, ModuleChild(psrc, leaf))
+        # The result depends on the whole tree below ``m``: which children, parameters and
+        # buffers each module holds, and which of them are shared (duplicates are dropped).
+        registries = ("_modules", "_parameters") if "parameters" in name else \
+            ("_modules", "_buffers") if "buffers" in name else ("_modules",)
+        for path, (sub, ssrc) in subs.items():
+            sv = mv if not path else self.wrap(sub, ssrc)
+            if isinstance(sv, NNModuleVar):
+                for reg in registries:
+                    self.guard_registry(sv, reg)
 
         def source_of(path: str, kind: str) -> Source:
             if kind == "module":
@@ -961,12 +982,16 @@ class Tracer:
             m = v.value
             src = v.source
             if isinstance(m, torch.nn.ModuleDict):
+                self.guard_registry(v, "_modules")
                 return [ConstVar(k) for k in m._modules]
             if isinstance(m, (torch.nn.Sequential, torch.nn.ModuleList)):
+                self.guard_registry(v, "_modules")
                 return [self.wrap(c, ModuleChild(src, k)) for k, c in m._modules.items()]
             if isinstance(m, (torch.nn.ParameterList,)):
+                self.guard_registry(v, "_parameters")
                 return [self.wrap(p, Param(src, k)) for k, p in m._parameters.items()]
             if isinstance(m, torch.nn.ParameterDict):
+                self.guard_registry(v, "_parameters")
                 return [ConstVar(k) for k in m._parameters]
             it = inspect.getattr_static(type(m), "__iter__", None)
             if isinstance(it, types.FunctionType):
@@ -1002,7 +1027,11 @@ class Tracer:
         if isinstance(v, DictVar):
             return len(v.items) > 0
         if isinstance(v, NNModuleVar):
-            return bool(v.value)
+            from .builtins import module_len
+            n = module_len(self, v)  # no __bool__ on modules: Python asks __len__, if any
+            if n is None:
+                return True
+            return self.truth(n) if isinstance(n, Var) else n > 0
         if isinstance(v, (FunctionVar, NestedFunctionVar, BuiltinVar, ClassVar, PyModuleVar,
                           BoundMethodVar, TensorMethodVar)):
             return True
