@@ -115,6 +115,11 @@ def compile(model: Any = None, *, backend: str | Callable[..., Any] | Backend = 
     if isinstance(model, torch.nn.Module):
         inner = CompiledFunction(type(model).forward, be, opts, fullgraph=fullgraph,
                                  bound_self=model, dynamic=dynamic)
+        # The compiled model keeps entries of its own: two models of one class compiled
+        # separately are each specialized on (parameters constant, frozen by inductor), not
+        # made to share one graph as two instances passed to one compiled function are.
+        from .capture.frame import CodeCache
+        inner.cache = CodeCache(inner.cache.code)
         return OptimizedModule(model, inner)
     return _compile_callable(model, be, opts, fullgraph, dynamic)
 

@@ -350,7 +350,8 @@ def _convert(fn: Callable[..., Any], args: tuple, kwargs: dict, backend: Any,
         for _, source, _ in used:
             kind = out.input_kinds.get(source, "user")
             inputs.append(CaptureInput(kind, str(source), str(out.fetch.get(source, source)),
-                                       kind in ("parameter", "buffer"), origin=source))
+                                       kind in ("parameter", "buffer") and
+                                       source not in out.unstable_inputs, origin=source))
         n_ops = sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method"))
         events.counters["stats"]["graphs"] += 1
         events.counters["stats"]["ops"] += n_ops

@@ -200,7 +200,11 @@ class Tracer:
             return const(f"({source}) == {value!r}")
         if isinstance(value, torch.nn.Module):
             if guard:
-                out.guards.add_identity(source, out.ns(value, type(value).__name__))
+                by_type = out.module_guard(source, value)
+                if by_type is not None:
+                    g(by_type)
+                else:
+                    out.guards.add_identity(source, out.ns(value, type(value).__name__))
             return NNModuleVar(value, source)
         if isinstance(value, types.ModuleType):
             g(f"({source}) is {out.ns(value, value.__name__)}")
@@ -593,9 +597,9 @@ class Tracer:
         out = self.out
         d = getattr(value, "__dict__", None)
         if isinstance(d, dict):
-            # Modules are identity-guarded: their instance dict is a fixed object.
-            ref = out.ns(d, "dict") if isinstance(obj, NNModuleVar) else \
-                Attr(src, "__dict__", paren=True)
+            # Identity-guarded modules: their instance dict is a fixed object.
+            ref = out.ns(d, "dict") if isinstance(obj, NNModuleVar) and \
+                not out.is_generic(src) else Attr(src, "__dict__", paren=True)
             out.guards.add(not_in_dict_guard(ref, name))
         cls = type(value)
         out.guards.add(class_attr_guard(out.ns(cls, cls.__name__), name,

@@ -60,6 +60,11 @@ def _dispatch(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         return torch.nn.Module.__call__(self, *args, **kwargs)
     backend, options, dynamic = _tls.scopes[-1]
     fn = _compiled_for(self, backend, options, dynamic)
+    if fn.cache.given_up is not None and fn.cache is not fn.__dict__.get("_own_cache"):
+        # The class's shared entries hit the recompile limit (each instance differs in a value
+        # its forward reads: a per-layer int attribute): this instance gets entries of its own.
+        from .frame import CodeCache
+        fn.cache = fn._own_cache = CodeCache(fn.cache.code)
     _tls.busy.add(id(self))
     try:
         return fn(*args, **kwargs)
@@ -78,7 +83,7 @@ def _from_ember() -> bool:
 
 def _compiled_for(m: torch.nn.Module, backend: Any, options: dict[str, Any],
                   dynamic: Any) -> Callable[..., Any]:
-    from .frame import CodeCache, CompiledFunction, _module_call_fn
+    from .frame import CompiledFunction, _module_call_fn
 
     key = (getattr(backend, "name", None), id(backend), repr(sorted(options.items())), dynamic)
     per = _compiled.setdefault(m, {})
@@ -95,9 +100,10 @@ def _compiled_for(m: torch.nn.Module, backend: Any, options: dict[str, Any],
         else:
             inner = CompiledFunction(type(m).forward, backend, options, bound_self=m,
                                      dynamic=dynamic)
-        # Each module keeps its own entries (and recompile count): the layers of a model share
-        # one forward, and compiling each once must not use up one shared recompile limit.
-        inner.cache = CodeCache(inner.cache.code)
+        # The instances of a class share the entries of its forward: the first instance is
+        # specialized on, a second one makes ``self`` guarded by class (FrameState.see_module),
+        # and that entry serves every further instance: the layers of a model, the experts of
+        # a mixture compile twice, not once each (and never run into the recompile limit).
         fn = per[key] = inner
     return fn
 

@@ -115,13 +115,41 @@ class FrameState:
     """Automatic dynamic: what earlier compiles of one function saw. A tensor dim (an int
     argument) whose value differs from the one seen before becomes symbolic from then on."""
 
-    __slots__ = ("shapes", "dims", "ints", "int_dynamic")
+    __slots__ = ("shapes", "dims", "ints", "int_dynamic", "modules", "module_generic")
 
     def __init__(self) -> None:
         self.shapes: dict[str, tuple[int, ...]] = {}
         self.dims: dict[str, set[int]] = {}
         self.ints: dict[str, int] = {}
         self.int_dynamic: set[str] = set()
+        #: module arguments: the first instance seen (weakly) and its class, by argument name
+        self.modules: dict[str, tuple[Any, type]] = {}
+        #: module arguments that held a second instance of their class: guarded by type
+        self.module_generic: set[str] = set()
+
+    def see_module(self, source: Any, module: Any) -> bool:
+        """Automatic generality for module arguments: the first instance a function sees is
+        specialized on (guarded by identity: its parameters are constants of the entry, which
+        inductor may freeze); once another instance of the same class comes, that argument is
+        guarded by class and structure from then on, its parameters graph inputs, so every
+        instance shares one graph (the layers of a model, the experts of a mixture)."""
+        import weakref
+
+        source = str(source)
+        if source in self.module_generic:
+            return True
+        seen = self.modules.get(source)
+        if seen is None or seen[1] is not type(module):
+            try:
+                ref: Any = weakref.ref(module)
+            except TypeError:
+                return False
+            self.modules[source] = (ref, type(module))
+            return False
+        if seen[0]() is module:
+            return False
+        self.module_generic.add(source)
+        return True
 
     def see_shape(self, source: Any, shape: tuple[int, ...]) -> set[int]:
         source = str(source)
@@ -185,6 +213,11 @@ class OutputGraph:
         self.tracer: Any = None
         #: graph input kind by source: "parameter", "buffer" or "user" (see ember.context)
         self.input_kinds: dict[str, str] = {}
+        #: argument names of modules guarded by class, not identity (FrameState.see_module):
+        #: what is reached through them is read again on every call
+        self.generic_roots: set[str] = set()
+        #: parameters and buffers read through such a module: not the same tensor every call
+        self.unstable_inputs: set[str] = set()
         # side effects to replay after the graph runs, in program order
         self.side_effects: list[tuple[str, Any]] = []
         self.mutated_containers: list[Var] = []
@@ -212,6 +245,26 @@ class OutputGraph:
             if ref is not None:
                 return source.rebase(state.base, NamespaceRef(ref))
         return source
+
+    def module_guard(self, source: Source, module: Any) -> str | None:
+        """How the module at ``source`` is guarded: None for identity (the default), else the
+        type guard (an argument that held another instance of its class before, and every
+        module reached through it)."""
+        if isinstance(source, Local) and source.local in self.policy.root_args and \
+                self.policy.state is not None and self.policy.state.see_module(source, module):
+            self.generic_roots.add(source.local)
+        if not self.is_generic(source):
+            return None
+        t = type(module)
+        return f"type({source}) is {self.ns(t, t.__name__)}"
+
+    def is_generic(self, source: Source) -> bool:
+        """Is ``source`` read through a module guarded by class (so a different object may be
+        there on the next call)?"""
+        if not self.generic_roots:
+            return False
+        root = source.root
+        return isinstance(root, Local) and root.local in self.generic_roots
 
     def stable_ref(self, value: Any, source: Source) -> str:
         """``value``'s namespace name when ``source`` is identity-guarded to it (cheaper to read
@@ -250,9 +303,12 @@ class OutputGraph:
         self.inputs.append((var, source, value))
         self.tensor_by_id[id(value)] = var
         self.input_kinds[source] = _input_kind(source, value, is_param)
-        if not is_param:
+        generic = is_param and self.is_generic(source)
+        if generic:
+            self.unstable_inputs.add(source)
+        if not is_param or generic:
             self.arg_tensor_sources.append(source)
-        if is_param:
+        if is_param and not generic:
             # Identity first; after it holds, the namespace reference *is* the parameter, so the
             # requires_grad check and the graph input read it without walking the path again.
             ref = self.ns(value, 'p')

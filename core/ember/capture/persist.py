@@ -612,6 +612,8 @@ def _save(cf: Any, entry: Any, args: tuple, kwargs: dict) -> None:
         raise _Refuse("entry has a prologue")
     if any(i.kind not in ("user", "parameter", "buffer") for i in cap.inputs):
         raise _Refuse("symbolic inputs")
+    if any(i.kind != "user" and not i.stable_address for i in cap.inputs):
+        raise _Refuse("a module guarded by class (its parameters are read on every call)")
     if _symbolic_sizes(gm):
         # a rebuilt graph carries no FakeTensorMode: AOT autograd would trace it with the
         # example sizes while the guards admit every size
