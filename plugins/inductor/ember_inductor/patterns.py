@@ -325,15 +325,29 @@ def onednn_preferred(m: int, k: int, n: int) -> bool:
     """Is oneDNN's linear the faster kernel for an ``[m, k] x [k, n]`` float32 product?
 
     A fixed rule, so that the generated code is the same on every compile, measured on this
-    project's machines (AVX-512, 1 and 2 threads, interleaved medians and minimums): oneDNN won
-    by 10-40% where the product is large and neither inner nor output width is small
-    (``[128, 512] x [512, 2048]``: 2.0 vs 3.1 ms; ``[128, 2048] x [2048, 512]``: 1.7 vs 2.1;
-    gpt2's head ``[512, 256] x [256, 8192]``: 12 vs 21), tied at 256 x 256 weights, and lost
-    with an inner size of 128 (``[512, 128] x [128, 384]``: 375 vs 330 us), a 128-wide output,
-    or a few rows (small products: its fixed cost per call, about 13 us, is larger than
-    sgemm's). ``mode="max-autotune"`` times the two on frozen weights instead
+    project's machines (AMD EPYC with AVX-512, 1 and 2 threads, interleaved medians and
+    minimums, weights cache-resident and streamed):
+
+    * neither the inner nor the output width may be small: with an inner size of 128
+      (``[512, 128] x [128, 384]``: 375 vs 330 us) or a 128-wide output oneDNN lost;
+    * 64 rows or more: oneDNN won by 10-40% where the product is large (``[128, 512] x
+      [512, 2048]``: 2.0 vs 3.1 ms; gpt2's head ``[512, 256] x [256, 8192]``: 12 vs 21) and
+      tied at 256 x 256 weights;
+    * fewer rows (batch-1 and small-batch inference): sgemm's small-``m`` path is slow on
+      large weights, and oneDNN's fixed cost per call (about 13 us) is then small. With a
+      weight of 1M elements or more (4 MiB in float32) oneDNN won from 4 rows on, 1.2-1.7x on
+      one thread (``[4, 1024] x [1024, 4096]``: 1.9 vs 2.9 ms; ``[16, 4096] x [4096, 1024]``:
+      3.3 vs 6.8 ms; 2048 x 512, 4096 x 256, 768 x 3072 alike); with 512K elements or more
+      from 16 rows on (1.07-1.2x: 512 x 1024, 768 x 768); smaller weights lose below 64 rows
+      (256 x 256 at 4 rows: 30 vs 16 us). At 2 rows the results went either way (0.8-1.5x),
+      and at one row both read the weight once at memory speed (tied): ``addmm``, what eager
+      runs, is kept there.
+
+    ``mode="max-autotune"`` times the two on frozen weights instead
     (:mod:`ember_inductor.autotune`)."""
-    return k >= 256 and n >= 256 and m >= 64
+    if k < 256 or n < 256:
+        return False
+    return m >= 64 or (m >= 4 and k * n >= 1 << 20) or (m >= 16 and k * n >= 1 << 19)
 
 
 def _scalar_is(v: Any, c: float) -> bool:
