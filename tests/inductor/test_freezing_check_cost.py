@@ -63,13 +63,13 @@ def test_version_check_reports_nothing(caplog) -> None:
 
 
 class _BigWeight(torch.nn.Module):
-    """A convolution whose weight (64*64*9 elements) is larger than its result at this input
-    size (64*2*2): batch-1 inference on a small image, the late layers of a ResNet."""
+    """A 1x1 convolution whose weight (128*64 elements) is larger than its result at this
+    input size (128*2*2): batch-1 inference on a small image, the late layers of a ResNet."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.conv = torch.nn.Conv2d(64, 64, 3, padding=1, bias=False)
-        self.bn = torch.nn.BatchNorm2d(64)
+        self.conv = torch.nn.Conv2d(64, 128, 1, bias=False)
+        self.bn = torch.nn.BatchNorm2d(128)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.relu(self.bn(self.conv(x)))
@@ -106,6 +106,6 @@ def test_batchnorm_not_folded_into_a_weight_larger_than_the_result(caplog) -> No
             # a write that bumps no version counter is seen either way
             for m in (eager, cm):
                 m.bn.weight.data[3] += 0.5
-                m.conv.weight.data[3, 0, 1, 1] -= 0.5
+                m.conv.weight.data[3, 0, 0, 0] -= 0.5
             torch.testing.assert_close(compiled(x), eager(x), rtol=1e-4, atol=1e-5)
         ember.reset()

@@ -20,8 +20,8 @@ with a snapshot taken when the constants were computed (``p.data.add_(...)`` cha
 version nor the pointer). A changed parameter is never answered with stale constants.
 
 Options (``ember.compile(options=...)``): ``freezing`` (default True; False turns all of this
-off), ``fold_conv_bn`` (``"auto"``, the default: into convolutions whose result is at least as
-large as their weight, see :func:`_fold_pays`; ``"always"``), ``freezing_check``
+off), ``fold_conv_bn`` (``"auto"``, the default: not into a 1x1 convolution whose weight is
+larger than its result, see :func:`_fold_pays`; ``"always"``), ``freezing_check``
 (``"content"``, the default, or ``"version"``: trust version counters, skip the per-call
 content comparison, so writes through ``.data`` are not seen).
 """
@@ -101,18 +101,24 @@ def _fold_pays(wval: torch.Tensor, yval: torch.Tensor) -> bool:
     Folding saves one pass over the convolution's result (the affine chain, read and written);
     the folded weight makes the weight a watched input, which the default content check reads
     twice per call (itself and its snapshot, runtime/compare.py) and copies once (the
-    snapshot). So the weight is folded only where the result has at least as many elements as
-    the weight: then the check never reads more than folding saves. Otherwise the BatchNorm
-    stays a per-channel affine (its per-channel factors are still folded: small), computed in
-    the kernel that reads the result anyway. Measured (ResNet-50, batch 1, 128x128, one
-    thread, interleaved, loaded machine): folding every weight watched 90 MiB, the content
-    check cost 16% of the step (20-50 ms), and folding itself gained nothing measurable over no
-    freezing at all; with this rule 2.7 MiB are watched (the early layers' weights and the
-    BatchNorm vectors) and the check takes about 1 ms. At larger batches or images every
-    weight is folded as before."""
+    snapshot). A weight with a spatial kernel (3x3) is folded anyway: left as it is, ATen
+    would copy it into the channels-last layout on every call of a channels-last convolution
+    (as much traffic as the check), where the folded one is stored channels-last once. A 1x1
+    weight (the same bytes in either layout) is folded only where the result has at least as
+    many elements as the weight: then the check never reads more than folding saves.
+    Otherwise the BatchNorm stays a per-channel affine (its per-channel factors are still
+    folded: small), computed in the kernel that reads the result anyway. Measured on
+    ResNet-50 (97.5 MiB of parameters), batch 1, 128x128, one thread: folding every weight
+    watched 90 MiB and the content check took 20-50 ms per call (16% of the step) while
+    folding gained nothing measurable over no freezing; leaving every weight whose result is
+    smaller unfolded watched 2.7 MiB but looked slower at 224x224 (3x3 weights copied per
+    call; the machine was too loaded to be sure), hence the kernel rule. At larger batches or
+    images every weight is folded as before."""
     sizes = (*wval.shape, *yval.shape)
     if not all(isinstance(d, int) for d in sizes):
         return True  # symbolic sizes: as before
+    if wval.dim() != 4 or wval.shape[2] * wval.shape[3] > 1:
+        return True
     return yval.numel() >= wval.numel()
 
 
