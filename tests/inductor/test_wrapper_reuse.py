@@ -62,8 +62,10 @@ def test_reuse_lines_and_result() -> None:
 
 def _out_calls(body: str) -> list[tuple[str, str, str, str]]:
     """(result, op, args, target) of every extern line that writes through ``out=``."""
-    return re.findall(r"^    (buf\d+) = torch\.ops\.aten\.(\w+)\.out\((.*), "
-                      r"out=(?:_view\()?(buf\d+)\b.*; del \4  # extern .* reuse$", body, re.M)
+    # addmm(bias, x, W.t()) of a linear layer is written as linear(x, W, bias, out=...)
+    return [(r, "addmm" if op == "linear" else op, a, t) for r, op, a, t in re.findall(
+        r"^    (buf\d+) = torch\.(?:ops\.aten|_C\._nn)\.(\w+?)(?:\.out)?\((.*), "
+        r"out=(?:_view\()?(buf\d+)\b.*; del \4  # extern .* reuse\b.*$", body, re.M)]
 
 
 def _check_out_calls(src: str, n_args: int, n_outs: int) -> list[tuple[str, str, str, str]]:
