@@ -411,6 +411,7 @@ def compile_capture(fn: Callable[..., Any], cap: Capture, out: OutputGraph,
     events.counters["stats"]["entries"] += 1
     events.emit("entry_guards", function=f"{code.co_name} ({code.co_filename}:"
                 f"{code.co_firstlineno})", guards=list(out.guards.exprs))
+    out.release()
     return entry
 
 

@@ -225,6 +225,21 @@ class OutputGraph:
         self.object_stores: dict[tuple[int, str], tuple[Var, str, Var]] = {}
         self.global_stores: dict[str, Var] = {}
 
+    def release(self) -> None:
+        """Forget the user's objects once the entry is built (it holds what it needs, weakly
+        where it identifies them): a backend may keep this graph's symbolic-shape machinery,
+        which refers back here, and through it the whole model would stay alive."""
+        self.namespace = {}
+        self._ns_ids = {}
+        self.inputs = []
+        self.tensor_by_id = {}
+        self.var_by_source = {}
+        self.side_effects = []
+        self.mutated_containers = []
+        self.object_stores = {}
+        self.global_stores = {}
+        self.tracer = None
+
     # -- namespace ---------------------------------------------------------------------------
     def ns(self, obj: Any, hint: str = "obj") -> str:
         """A name in the entry's namespace that refers to ``obj`` (kept alive by the entry)."""

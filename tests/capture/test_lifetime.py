@@ -1,0 +1,256 @@
+"""Compiled code does not keep alive the objects its guards identify (capture/lifetime.py).
+
+A cache entry holds the modules, tensors and user objects it identifies through weak
+references and dies with the first of them: deleting a model frees it (and everything compiled
+for it), a loop over fresh models stays bounded, and a new model at a dead one's address is
+compiled fresh rather than matched by the dead model's entry.
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+import torch
+
+import ember
+from ember import config
+from ember.capture import frame, lifetime
+
+BACKENDS = ["eager", "aot_eager", "inductor"]
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    ember.reset()
+    with config.patch(persist_capture=False, suppress_errors=False):
+        yield
+    ember.reset()
+
+
+def _model(d: int = 8) -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(d, d), torch.nn.ReLU(), torch.nn.Linear(d, 4))
+
+
+def _collect() -> None:
+    for _ in range(2):
+        gc.collect()
+
+
+def _live_entries() -> int:
+    return sum(len(c.entries) for c in frame._code_caches.values())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("train", [False, True], ids=["inference", "training"])
+def test_compiled_module_is_freed(backend: str, train: bool) -> None:
+    m = _model()
+    refs = [weakref.ref(m), weakref.ref(m[0].weight), weakref.ref(m[2].bias)]
+    f = ember.compile(m, backend=backend)
+    x = torch.randn(2, 8)
+    if train:
+        out = f(x)
+        out.sum().backward()
+        assert m[0].weight.grad is not None
+        del out
+    else:
+        with torch.no_grad():
+            torch.testing.assert_close(f(x), m(x))
+    assert _live_entries() >= 1
+    del f, m
+    _collect()
+    assert [r() for r in refs] == [None, None, None]
+    assert _live_entries() == 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_module_passed_to_compiled_function_is_freed(backend: str) -> None:
+    g = ember.compile(lambda mod, x: mod(x) * 2, backend=backend)
+    m = _model()
+    r = weakref.ref(m)
+    x = torch.randn(2, 8)
+    torch.testing.assert_close(g(m, x), m(x) * 2)
+    del m
+    _collect()
+    assert r() is None
+    # the function is still usable with another model, and gives that model's answer
+    m2 = _model()
+    torch.testing.assert_close(g(m2, x), m2(x) * 2)
+
+
+_GLOBAL_MODEL = None
+
+
+def _through_global(x):
+    return _GLOBAL_MODEL(x) + 1
+
+
+def test_module_reached_through_a_global_is_freed() -> None:
+    global _GLOBAL_MODEL
+    _GLOBAL_MODEL = _model()
+    r = weakref.ref(_GLOBAL_MODEL)
+    f = ember.compile(_through_global, backend="eager")
+    x = torch.randn(2, 8)
+    torch.testing.assert_close(f(x), _GLOBAL_MODEL(x) + 1)
+    _GLOBAL_MODEL = None
+    _collect()
+    assert r() is None
+    _GLOBAL_MODEL = _model()
+    try:  # a new model under the same global: compiled fresh, its own answer
+        torch.testing.assert_close(f(x), _GLOBAL_MODEL(x) + 1)
+    finally:
+        _GLOBAL_MODEL = None
+
+
+def test_module_reached_through_a_closure_is_freed() -> None:
+    def make(m):
+        return lambda x: m(x) - 1
+
+    m = _model()
+    r = weakref.ref(m)
+    fn = make(m)
+    f = ember.compile(fn, backend="eager")
+    x = torch.randn(2, 8)
+    torch.testing.assert_close(f(x), m(x) - 1)
+    del m, fn, f
+    _collect()
+    assert r() is None
+    assert _live_entries() == 0
+
+
+class _Holder:
+    def __init__(self, mod):
+        self.mod = mod
+
+
+def test_module_held_by_a_user_object_is_freed() -> None:
+    f = ember.compile(lambda h, x: h.mod(x), backend="eager")
+    h = _Holder(_model())
+    rh, rm = weakref.ref(h), weakref.ref(h.mod)
+    x = torch.randn(2, 8)
+    torch.testing.assert_close(f(h, x), h.mod(x))
+    del h
+    _collect()
+    assert rh() is None and rm() is None
+
+
+def test_entry_and_backend_artifacts_die_with_the_model() -> None:
+    made = []
+
+    class Compiled:
+        def __init__(self, gm):
+            self.gm = gm
+
+        def __call__(self, *args):
+            return self.gm(*args)
+
+    def backend(gm, example_inputs):
+        c = Compiled(gm)
+        made.append(weakref.ref(c))
+        return c
+
+    m = _model()
+    f = ember.compile(m, backend=backend)
+    x = torch.randn(2, 8)
+    torch.testing.assert_close(f(x), m(x))
+    entry = frame._code_caches[next(iter(frame._code_caches))].entries[0]
+    re = weakref.ref(entry)
+    del entry
+    assert len(made) == 1 and made[0]() is not None
+    del f, m
+    _collect()
+    assert made[0]() is None  # the backend's callable (and what it holds) is freed
+    assert re() is None
+
+
+def test_compiled_module_keeps_working_while_alive() -> None:
+    m = _model()
+    f = ember.compile(m, backend="eager")
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        expect = m(x)
+        torch.testing.assert_close(f(x), expect)
+        graphs = ember.events.counters["stats"]["graphs"]
+        for _ in range(3):
+            _collect()
+            torch.testing.assert_close(f(x), expect)
+    assert ember.events.counters["stats"]["graphs"] == graphs  # served by the same entry
+    assert _live_entries() == 1
+    # the weakly held objects are the root module and its submodules, not its parameters
+    entry = next(e for c in frame._code_caches.values() for e in c.entries)
+    weak = {type(v) for v in (lifetime.namespace(entry)[n] for n in lifetime.weak_of(entry))}
+    assert torch.nn.Sequential in weak and torch.nn.Parameter not in weak
+
+
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+def test_loop_over_fresh_models_stays_bounded(backend: str) -> None:
+    x = torch.randn(2, 8)
+    refs = []
+    n = 50 if backend == "eager" else 6
+    with torch.no_grad():
+        for i in range(n):
+            torch.manual_seed(i)
+            m = _model()
+            refs.append(weakref.ref(m))
+            f = ember.compile(m, backend=backend)
+            # a new model (often at a dead one's address) gets its own answer
+            torch.testing.assert_close(f(x), m(x))
+            assert _live_entries() <= 2
+            del f, m
+    _collect()
+    assert all(r() is None for r in refs)
+    assert _live_entries() == 0
+    cache = next(iter(frame._code_caches.values()))
+    assert cache.given_up is None  # dead models' entries are not recompiles
+
+
+def test_dead_entry_never_matches_an_object_at_the_same_address() -> None:
+    """The entry of a dead module is killed before its address can be reused: a module
+    allocated at the same address (forced below by reusing the slot) compiles fresh."""
+    g = ember.compile(lambda mod, x: mod(x), backend="eager")
+    x = torch.randn(2, 8)
+    seen_reuse = False
+    for i in range(20):
+        m = _model()
+        addr = id(m)
+        torch.testing.assert_close(g(m, x), m(x))
+        entries = [e for c in frame._code_caches.values() for e in c.entries]
+        del m
+        _collect()
+        assert all(e.__code__ is lifetime._dead_entry.__code__ for e in entries)
+        m2 = _model()
+        seen_reuse |= id(m2) == addr
+        with torch.no_grad():
+            m2[0].weight.add_(float(i))
+        torch.testing.assert_close(g(m2, x), m2(x))
+        del m2, entries
+        _collect()
+    assert _live_entries() <= 1
+
+
+def test_persisted_capture_is_rebound_and_freed(tmp_path, monkeypatch) -> None:
+    from ember.capture import persist
+
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    x = torch.randn(2, 8)
+    with config.patch(persist_capture=True):
+        m = _model()
+        f = ember.compile(m, backend="eager")
+        torch.testing.assert_close(f(x), m(x))
+        saved = persist.counters["saved"]
+        assert saved >= 1
+        del f, m
+        ember.reset()  # as a new process: the next compile rebuilds the stored capture
+        hits = persist.counters["hits"]
+        m2 = _model()
+        r = weakref.ref(m2)
+        f = ember.compile(m2, backend="eager")
+        torch.testing.assert_close(f(x), m2(x))
+        assert persist.counters["hits"] == hits + 1
+        entry = next(e for c in frame._code_caches.values() for e in c.entries)
+        assert getattr(entry, "persisted", False) and lifetime.weak_of(entry)
+        del entry, f, m2
+        _collect()
+        assert r() is None
+        assert _live_entries() == 0
