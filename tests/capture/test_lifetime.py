@@ -135,6 +135,43 @@ def test_module_held_by_a_user_object_is_freed() -> None:
     assert rh() is None and rm() is None
 
 
+class _SelfReferencing(torch.nn.Module):
+    """A child's hook and an attribute are bound methods of the root: the children's dicts
+    refer back to the root (an entry must not hold those dicts)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+        self.fc.register_forward_hook(self._hook)
+        self.act = self.helper
+
+    def _hook(self, mod, inp, out):
+        return out * 2
+
+    def helper(self, y):
+        return y.relu()
+
+    def forward(self, x):
+        return self.act(self.fc(x))
+
+
+@pytest.mark.parametrize("how", ["module", "function"])
+def test_module_whose_children_refer_back_to_it_is_freed(how: str) -> None:
+    m = _SelfReferencing()
+    r = weakref.ref(m)
+    x = torch.randn(2, 8)
+    if how == "module":
+        f = ember.compile(m, backend="eager")
+        out = f(x)
+    else:
+        f = ember.compile(lambda mod, y: mod(y), backend="eager")
+        out = f(m, x)
+    torch.testing.assert_close(out, m(x))
+    del m, f, out
+    _collect()
+    assert r() is None
+
+
 def test_entry_and_backend_artifacts_die_with_the_model() -> None:
     made = []
 

@@ -88,11 +88,13 @@ class _Life:
     """One entry's liveness: the weakrefs to what it identifies, and the cache it sits in. It
     is the callback of those weakrefs (the first object to die kills the entry)."""
 
-    __slots__ = ("entry", "refs", "cache", "dead", "__weakref__")
+    __slots__ = ("entry", "refs", "derived", "cache", "dead", "__weakref__")
 
     def __init__(self) -> None:
         self.entry: Any = None  # weakref to the entry function
         self.refs: dict[str, weakref.ref] = {}
+        #: namespace dicts read through their weakly held owner (see instance_dicts)
+        self.derived: dict[str, str] = {}
         self.cache: Any = None  # the CodeCache holding the entry, once added
         self.dead = False
 
@@ -107,7 +109,7 @@ class _Life:
             return
         self.dead = True
         entry = self.entry() if self.entry is not None else None
-        self.refs = {}
+        self.refs, self.derived = {}, {}
         cache, self.cache = self.cache, None
         if entry is None:
             return
@@ -137,13 +139,38 @@ def _dead_explain(*args: Any, **kwargs: Any) -> Any:
     return "the compiled entry died with an object it identified"
 
 
-def _with_prologue(src: str, weak: list[str]) -> str:
-    """``src`` (one function definition) dereferencing each weak name into a local first."""
-    if not weak:
+def instance_dicts(ns: dict[str, Any], weak: list[str]) -> dict[str, str]:
+    """Namespace dicts that are the ``__dict__`` of a weakly held object (a module's, for
+    ``'forward' not in ___dict_7``): name -> that object's name. Holding such a dict would hold
+    everything the object holds (its hooks can be bound methods of the model's root); the entry
+    reads it through the object instead."""
+    owners = {}
+    for name in weak:
+        d = getattr(ns[name], "__dict__", None)
+        if isinstance(d, dict):
+            owners.setdefault(id(d), name)
+    return {n: owners[id(v)] for n, v in ns.items()
+            if type(v) is dict and id(v) in owners and n not in weak}
+
+
+def _with_prologue(src: str, weak: list[str], derived: dict[str, str], *, guarded: bool
+                   ) -> str:
+    """``src`` (one function definition) dereferencing each weak name into a local first, and
+    reading each ``derived`` dict from its owner. ``guarded``: the function's second line opens
+    the ``try`` whose handler returns ``MISS`` (the entry); the prologue goes inside it, so a
+    reference cleared while its callback has not run yet reads as a miss."""
+    if not weak and not derived:
         return src
-    head, sep, rest = src.partition("\n")
-    lines = [f"    {n} = {n}__wr()" for n in weak]
-    return head + sep + "\n".join(lines) + "\n" + rest
+    lines = src.split("\n")
+    inside = guarded and len(lines) > 1 and lines[1] == "    try:"
+    pad = " " * (8 if inside else 4)
+    pro = [f"{pad}{n} = {n}__wr()" for n in weak]
+    if inside:
+        pro += [f"{pad}{d} = {o}.__dict__" for d, o in derived.items()]
+    else:
+        pro += [f"{pad}{d} = getattr({o}, '__dict__', None)" for d, o in derived.items()]
+    at = 2 if inside else 1
+    return "\n".join(lines[:at] + pro + lines[at:])
 
 
 def make_entry(src: str, explain_src: str, ns: dict[str, Any], filename: str,
@@ -152,18 +179,21 @@ def make_entry(src: str, explain_src: str, ns: dict[str, Any], filename: str,
     ``explain_src`` (``___failed_guard``) over ``ns``, holding the names ``weak`` through weak
     references. Returns the two functions; the entry dies with the first weak object."""
     life = _Life()
-    g = {k: v for k, v in ns.items() if k not in weak}
+    derived = instance_dicts(ns, weak)
+    g = {k: v for k, v in ns.items() if k not in weak and k not in derived}
     for name in weak:
         ref = weakref.ref(ns[name], life)
         life.refs[name] = ref
         g[f"{name}__wr"] = ref
+    life.derived = derived
     try:
-        code = compile(_with_prologue(src, weak), filename, "exec")
+        code = compile(_with_prologue(src, weak, derived, guarded=True), filename, "exec")
     except SyntaxError as e:  # an Ember bug: show what was generated
         raise SyntaxError(f"{e.msg} in generated entry line {e.lineno}: "
                           f"{src.splitlines()[(e.lineno or 1) - 1]!r}") from e
     exec(code, g)
-    exec(compile(_with_prologue(explain_src, weak), filename, "exec"), g)
+    exec(compile(_with_prologue(explain_src, weak, derived, guarded=False), filename, "exec"),
+         g)
     entry, explain = g["___entry"], g["___failed_guard"]
     life.entry = weakref.ref(entry)
     entry._ember_life = life
@@ -182,6 +212,8 @@ def namespace(entry: Any) -> dict[str, Any]:
         for name, ref in life.refs.items():
             g.pop(f"{name}__wr", None)
             g[name] = ref()
+        for name, owner in life.derived.items():
+            g[name] = getattr(g.get(owner), "__dict__", None)
     return g
 
 
