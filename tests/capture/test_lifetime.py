@@ -246,6 +246,39 @@ def test_loop_over_fresh_models_stays_bounded(backend: str) -> None:
     assert cache.given_up is None  # dead models' entries are not recompiles
 
 
+def _step_with_break(mod, x):
+    y = mod(x)
+    print("between")  # a graph break: the rest runs in a compiled resume function
+    return mod(y.relu())
+
+
+def test_models_through_a_graph_break_are_freed_without_a_collection(capsys) -> None:
+    """The capture's own cycles (and the first pass's graph-break exception) are broken when
+    it ends: a dropped model dies by reference counting, so a loop over fresh models never
+    sees a live stale entry (it would count as a recompile)."""
+    g = ember.compile(_step_with_break, backend="eager")
+    x = torch.randn(2, 8)
+    refs = []
+    warm = torch.nn.Linear(8, 8)  # the process's first capture imports parts of torch whose
+    g(warm, x)                    # import-time cycles hold frames (and so the call's objects)
+    del warm
+    _collect()
+    gc.disable()
+    try:
+        for _ in range(12):
+            m = torch.nn.Linear(8, 8)
+            refs.append(weakref.ref(m))
+            torch.testing.assert_close(g(m, x), m(m(x).relu()))
+            del m
+            assert refs[-1]() is None
+            assert _live_entries() == 0  # the root's and the resume function's died
+    finally:
+        gc.enable()
+    assert _live_entries() == 0
+    assert all(c.given_up is None for c in frame._code_caches.values())
+    assert "between" in capsys.readouterr().out
+
+
 def test_dead_entry_never_matches_an_object_at_the_same_address() -> None:
     """The entry of a dead module is killed before its address can be reused: a module
     allocated at the same address (forced below by reusing the slot) compiles fresh."""
