@@ -80,9 +80,12 @@ def _stub_graph(f: Callable[..., Any], fn: Any, args: tuple) -> None:
     its last output: what remains per call is the wrapper (dispatch, guards, fetching inputs)."""
     from ember.capture import frame
 
-    code = (type(fn).forward if isinstance(fn, nn.Module) else fn).__code__
-    (entry,) = [e for (c, _), cache in frame._code_caches.items() if c is code
-                for e in cache.entries]
+    inner = getattr(f, "__dict__", {}).get("_ember_call")  # ember.compile(model): its own cache
+    if inner is not None:
+        (entry,) = inner.cache.entries
+    else:
+        (entry,) = [e for (c, _), cache in frame._code_caches.items() if c is fn.__code__
+                    for e in cache.entries]
     g = entry.__globals__
     real, seen = g["___compiled"], []
     g["___compiled"] = lambda *xs: seen.append(real(*xs)) or seen[-1]
