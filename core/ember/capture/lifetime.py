@@ -17,8 +17,9 @@ references to them, and an entry dies with the first object it identifies:
   with it) and it is dropped from its code object's entry list.
 
 Which names are weak (:func:`weak_names`): objects of a kind a user owns (modules, tensors,
-instances of user classes, closures and locally defined functions, compiled functions) that a
-guard mentions, i.e. that were read from the call's arguments, globals or closures. Objects Ember
+instances of user classes, closures and locally defined functions, compiled functions) that an
+identity guard compares a source with, i.e. that were read from the call's arguments, globals or
+closures. Objects Ember
 made while tracing (resume functions, compiled callees, reconstructed values) are held only by
 the entry and stay strong. A parameter or buffer read through a weakly held, identity-guarded
 module is *owned* by it and held strongly: the entry dies with the module anyway, and a strong
@@ -38,7 +39,8 @@ import torch
 
 __all__ = ["weak_names", "make_entry", "namespace", "weak_of", "is_dead", "attach_cache"]
 
-_NAME = re.compile(r"___\w+")
+#: ``(source) is ___name``: the object was read from the call's inputs and is identified
+_IDENTIFIED = re.compile(r"\bis (___\w+)\b")
 
 #: never user-owned, or permanent (held strongly whatever a guard says)
 _STRONG_KINDS = (type, types.ModuleType, types.BuiltinFunctionType, types.BuiltinMethodType,
@@ -66,11 +68,14 @@ def _weak_kind(obj: Any) -> bool:
 
 def weak_names(ns: dict[str, Any], guards: Iterable[str], owned: Iterable[str] = ()
                ) -> list[str]:
-    """The namespace names to hold weakly: user-owned objects that a guard mentions (and so
-    were read from the call's inputs), except ``owned`` ones (state of a weakly held module)."""
+    """The namespace names to hold weakly: user-owned objects that an identity guard compares
+    a source with (so they were read from the call's inputs, and someone else holds them),
+    except ``owned`` ones (state of a weakly held module). An object Ember made while tracing
+    (a ``Sequential`` sliced in ``forward``) is only ever the base of a guard, never its
+    right-hand side: the entry is all that holds it, so it stays strong."""
     skip = set(owned)
     out = []
-    for name in sorted(set(_NAME.findall("\n".join(guards)))):
+    for name in sorted(set(_IDENTIFIED.findall("\n".join(guards)))):
         if name in skip or name not in ns:
             continue
         obj = ns[name]
