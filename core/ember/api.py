@@ -242,6 +242,8 @@ def captures(fn: Any) -> list[Any]:
     out: list[Any] = []
     seen: set[int] = set()
 
+    from .capture.lifetime import namespace
+
     def visit(c: Any) -> None:
         if id(c.cache) in seen:
             return
@@ -250,7 +252,7 @@ def captures(fn: Any) -> list[Any]:
             cap = getattr(entry, "capture", None)
             if cap is not None:
                 out.append(cap)
-            for v in getattr(entry, "__globals__", {}).values():
+            for v in namespace(entry).values():
                 if isinstance(v, CompiledFunction):
                     visit(v)
 

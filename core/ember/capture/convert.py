@@ -139,19 +139,24 @@ def _convert_frame(fn: Callable[..., Any], args: tuple, kwargs: dict, *, backend
         if fullgraph or bp is None:
             raise
         first = e
-    if _inside_loop(fn.__code__, bp[0]):
-        skip = Unsupported(f"graph break inside a loop ({first.reason}); the frame runs "
-                           "eagerly, with the modules it calls compiled", where=first.where)
-        skip.skip_frame = True  # type: ignore[attr-defined]  (frame.py: nested compile)
-        raise skip from first
     try:
-        return _convert(fn, args, kwargs, backend, options, bp, first, extra_guards, policy,
-                        compile_graph)
-    except Unsupported as e2:
-        if e2 is first or getattr(e2, "break_point", None) is not None:
-            raise first
-        log.debug("graph break could not be resumed: %s", e2)
-        raise first from e2
+        if _inside_loop(fn.__code__, bp[0]):
+            skip = Unsupported(f"graph break inside a loop ({first.reason}); the frame runs "
+                               "eagerly, with the modules it calls compiled", where=first.where)
+            skip.skip_frame = True  # type: ignore[attr-defined]  (frame.py: nested compile)
+            raise skip from first
+        try:
+            return _convert(fn, args, kwargs, backend, options, bp, first, extra_guards, policy,
+                            compile_graph)
+        except Unsupported as e2:
+            if e2 is first or getattr(e2, "break_point", None) is not None:
+                raise first
+            log.debug("graph break could not be resumed: %s", e2)
+            raise first from e2
+    finally:
+        # `first`'s traceback holds this frame, whose locals hold `first`: a cycle that would
+        # keep the call's arguments (the user's model) alive until a full collection
+        first = None
 
 
 def _in_try_block(code: types.CodeType, offset: int) -> bool:
@@ -230,12 +235,28 @@ def _convert(fn: Callable[..., Any], args: tuple, kwargs: dict, backend: Any,
              reason: Unsupported | None, extra_guards: tuple[str, ...] = (),
              policy: Any = None, compile_graph: Callable[..., Any] | None = None
              ) -> Callable[..., Any]:
-    t0 = time.perf_counter()
     code: types.CodeType = fn.__code__
     if code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR):
         raise Unsupported(f"{code.co_name} is a generator or coroutine; Ember compiles plain "
                           "functions", where=f"{code.co_filename}:{code.co_firstlineno}")
     out = OutputGraph(fn.__globals__, policy)
+    try:
+        return _capture_and_compile(out, fn, args, kwargs, backend, options, break_at, reason,
+                                    extra_guards, policy, compile_graph)
+    finally:
+        # The capture's structures form cycles (output graph <-> tracer <-> frames) that hold
+        # the call's objects: dropped now, whether it compiled or broke, the user's model is
+        # freed when the user drops it, not at the next full collection.
+        out.release()
+
+
+def _capture_and_compile(out: OutputGraph, fn: Callable[..., Any], args: tuple, kwargs: dict,
+                         backend: Any, options: dict[str, Any],
+                         break_at: tuple[int, int] | None, reason: Unsupported | None,
+                         extra_guards: tuple[str, ...], policy: Any,
+                         compile_graph: Callable[..., Any] | None) -> Callable[..., Any]:
+    t0 = time.perf_counter()
+    code: types.CodeType = fn.__code__
     tracer = Tracer(out, fn)
     out.tracer = tracer
     tracer.break_at = break_at
@@ -259,7 +280,9 @@ def _convert(fn: Callable[..., Any], args: tuple, kwargs: dict, backend: Any,
     try:
         result: Var | None = frame.run()
     except BreakHere as b:
-        broke, result = b, None
+        # control flow, not an error: its traceback (this frame among others) would make a
+        # cycle through `broke` that keeps the call's arguments alive until a full collection
+        broke, result = b.with_traceback(None), None
         break_grad = torch.is_grad_enabled()
         # Close the graph's open `with` regions (innermost first): the entry re-opens them in
         # Python around the break, so every graph leaves global state as it found it.
@@ -411,6 +434,7 @@ def compile_capture(fn: Callable[..., Any], cap: Capture, out: OutputGraph,
     events.counters["stats"]["entries"] += 1
     events.emit("entry_guards", function=f"{code.co_name} ({code.co_filename}:"
                 f"{code.co_firstlineno})", guards=list(out.guards.exprs))
+    out.release()
     return entry
 
 

@@ -290,6 +290,11 @@ class CompiledFunction:
                         _user_location(self.fn))
             with cache.lock:
                 cache.entries = [e for e in cache.entries if e is not entry]
+                # counted as a recompile: an entry that never serves (an object it identifies
+                # died at once) must not be compiled again on every call
+                cache.misses += 1
+                if cache.misses >= config.recompile_limit:
+                    cache.given_up = "a fresh entry rejected its own inputs"
             return self.fn(*args, **kwargs)
         return out
 
@@ -330,7 +335,11 @@ class CompiledFunction:
             self._fallback(e, internal=True)
             return None
         if entry is not None:
-            cache.entries = [entry, *cache.entries]  # copy on write: readers hold no lock
+            from . import lifetime
+            if not lifetime.attach_cache(entry, cache):
+                return None  # an object it identifies died while it was compiled
+            # copy on write: readers hold no lock; entries whose objects died are dropped
+            cache.entries = [entry, *(e for e in cache.entries if not lifetime.is_dead(e))]
         return entry
 
     def _fullgraph_error(self, e: BaseException, args: tuple, kwargs: dict) -> GraphBreakError:

@@ -18,6 +18,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from .. import _logging
 from ..exc import Unsupported
 from .guards import FN
+from .lifetime import make_entry, weak_names
 from .sources import Local, NamespaceRef, Source
 from .variables import (BoundMethodVar, BuiltinVar, CellVar, ClassVar, ConstVar,
                         ContainerMethodVar, DataclassVar, DictVar, ExitVar, FunctionVar,
@@ -223,6 +224,21 @@ class OutputGraph:
         self.mutated_containers: list[Var] = []
         self.object_stores: dict[tuple[int, str], tuple[Var, str, Var]] = {}
         self.global_stores: dict[str, Var] = {}
+
+    def release(self) -> None:
+        """Forget the user's objects once the entry is built (it holds what it needs, weakly
+        where it identifies them): a backend may keep this graph's symbolic-shape machinery,
+        which refers back here, and through it the whole model would stay alive."""
+        self.namespace = {}
+        self._ns_ids = {}
+        self.inputs = []
+        self.tensor_by_id = {}
+        self.var_by_source = {}
+        self.side_effects = []
+        self.mutated_containers = []
+        self.object_stores = {}
+        self.global_stores = {}
+        self.tracer = None
 
     # -- namespace ---------------------------------------------------------------------------
     def ns(self, obj: Any, hint: str = "obj") -> str:
@@ -611,6 +627,18 @@ class Reconstructor:
         return self.out.ns(k, "key")
 
 
+def owned_state(out: OutputGraph) -> set[str]:
+    """Namespace names of parameters and buffers read through an identity-guarded module: the
+    entry dies with that module, so they are held strongly (see ``lifetime``)."""
+    owned = set()
+    for _var, source, _value in out.inputs:
+        ref = out.fetch.get(source)
+        state = source.module_state() if isinstance(source, Source) else None
+        if ref is not None and state is not None and state.base in out.guards.identity:
+            owned.add(ref)
+    return owned
+
+
 def signature_source(code: types.CodeType) -> str:
     """The parameter list of ``code`` as source (defaults are attached separately)."""
     names = code.co_varnames
@@ -666,8 +694,6 @@ def build_entry(fn: Callable[..., Any], out: OutputGraph, compiled: Callable[...
     ns = dict(out.namespace)
     ns["___MISS"] = MISS
     ns["___compiled"] = compiled
-    if getattr(compiled, "swap", False) is None:  # drop the first-call output check once done
-        compiled.swap = lambda raw: ns.__setitem__("___compiled", raw)
     src = entry_source(fn, out, compiled is not None, input_exprs, body, prologue)
     # A second function evaluates the guards one by one to name the first that fails.
     explain_lines = [f"def ___failed_guard({sig}):"]
@@ -680,19 +706,15 @@ def build_entry(fn: Callable[..., Any], out: OutputGraph, compiled: Callable[...
     explain_lines.append("    return None")
     src_explain = "\n".join(explain_lines) + "\n"
     filename = f"<ember entry for {code.co_name} at {code.co_filename}:{code.co_firstlineno}>"
-    try:
-        compiled_src = compile(src, filename, "exec")
-    except SyntaxError as e:  # an Ember bug: show what was generated
-        raise SyntaxError(f"{e.msg} in generated entry line {e.lineno}: "
-                          f"{src.splitlines()[(e.lineno or 1) - 1]!r}") from e
-    exec(compiled_src, ns)
-    exec(compile(src_explain, filename, "exec"), ns)
-    entry = ns["___entry"]
-    explain = ns["___failed_guard"]
+    # The objects the guards identify are held weakly: the entry dies with them (lifetime.py).
+    entry, explain = make_entry(src, src_explain, ns, filename,
+                                weak_names(ns, out.guards.exprs, owned_state(out)))
+    ns = entry.__globals__
+    if getattr(compiled, "swap", False) is None:  # drop the first-call output check once done
+        compiled.swap = lambda raw: ns.__setitem__("___compiled", raw)
     for f in (entry, explain):
         f.__defaults__ = fn.__defaults__
         f.__kwdefaults__ = fn.__kwdefaults__
-    entry.failed_guard = explain
     entry.source = src
     entry.guards = list(out.guards.exprs)
     if guard_log.isEnabledFor(logging.INFO):

@@ -63,6 +63,7 @@ import torch
 import torch.fx as fx
 
 from .._fxjson import decode_arg, encode_arg
+from . import lifetime
 
 __all__ = ["enabled", "save", "load", "counters"]
 
@@ -619,7 +620,7 @@ def _save(cf: Any, entry: Any, args: tuple, kwargs: dict) -> None:
         # example sizes while the guards admit every size
         raise _Refuse("symbolic sizes")
     fn = cf.fn
-    ns = entry.__globals__
+    ns = lifetime.namespace(entry)  # the objects themselves, not the weak references
     finder = _Finder(fn, _roots(fn, args, kwargs), ns)
     recipes = {}
     for name, obj in ns.items():
@@ -628,7 +629,7 @@ def _save(cf: Any, entry: Any, args: tuple, kwargs: dict) -> None:
         recipes[name] = finder.recipe(name, obj)
     record = {"format": FORMAT_VERSION, "source": src, "guards": list(entry.guards),
               "graph": _dumps_graph(gm), "recipes": recipes, "files": finder.files,
-              "graph_id": cap.graph_id,
+              "graph_id": cap.graph_id, "weak": lifetime.weak_of(entry),
               "inputs": [[i.kind, i.source, i.stable_address, i.fetch, i.module_path]
                          for i in cap.inputs]}
     put_text(NAMESPACE, _key(cf, args, kwargs), json.dumps(record))
@@ -716,7 +717,6 @@ def _load(cf: Any, rec: dict[str, Any], args: tuple, kwargs: dict,
     ns["___compiled"] = probe
     code = fn.__code__
     filename = f"<ember entry for {code.co_name} at {code.co_filename}:{code.co_firstlineno}>"
-    exec(compile(rec["source"], filename, "exec"), ns)
     sig = signature_source(code)
     sig = f"___fn, {sig}" if sig else "___fn"
     explain = [f"def ___failed_guard({sig}):"]
@@ -725,9 +725,14 @@ def _load(cf: Any, rec: dict[str, Any], args: tuple, kwargs: dict,
                     "    except Exception as e:",
                     f"        return {g!r} + ' (raised ' + type(e).__name__ + ')'"]
     explain.append("    return None")
-    exec(compile("\n".join(explain) + "\n", filename, "exec"), ns)
-    entry = ns["___entry"]
-    for f in (entry, ns["___failed_guard"]):
+    # what the guards identify is held weakly, as in a traced entry (lifetime.py)
+    weak = rec.get("weak")
+    weak = [n for n in weak if n in ns] if isinstance(weak, list) else \
+        lifetime.weak_names(ns, rec["guards"])
+    entry, explain_fn = lifetime.make_entry(rec["source"], "\n".join(explain) + "\n", ns,
+                                            filename, weak)
+    ns = entry.__globals__
+    for f in (entry, explain_fn):
         f.__defaults__ = fn.__defaults__
         f.__kwdefaults__ = fn.__kwdefaults__
     try:
@@ -759,7 +764,6 @@ def _load(cf: Any, rec: dict[str, Any], args: tuple, kwargs: dict,
     ns["___compiled"] = compiled
     if getattr(compiled, "swap", False) is None:
         compiled.swap = lambda raw: ns.__setitem__("___compiled", raw)
-    entry.failed_guard = ns["___failed_guard"]
     entry.source = rec["source"]
     entry.guards = list(rec["guards"])
     entry.graph_module = gm

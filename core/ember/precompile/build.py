@@ -239,6 +239,8 @@ def _noop_store(line: str, values: dict[str, str], ns: dict[str, Any]) -> bool:
 def _check_no_side_effects(entry: Any) -> None:
     """The entry replays Python side effects (attribute stores, list mutations, globals) after
     the graph: an artifact cannot, so it refuses them (stores that change nothing excepted)."""
+    from ..capture.lifetime import namespace
+
     lines = getattr(entry, "source", "").splitlines()
     try:
         start = next(i for i, ln in enumerate(lines) if ln.strip().startswith("___o = "))
@@ -251,7 +253,7 @@ def _check_no_side_effects(entry: Any) -> None:
             name, _, expr = s.partition(" = ")
             values[name.strip()] = expr.strip()
         if s and not s.startswith(_ENTRY_OK) and \
-                not _noop_store(s, values, getattr(entry, "__globals__", {})):
+                not _noop_store(s, values, namespace(entry)):
             raise PrecompileError(
                 "ember.precompile: the function has a Python side effect that a precompiled "
                 f"artifact cannot replay (generated step: {s!r}). Precompile a function that "
