@@ -316,3 +316,21 @@ def test_no_fake_tensor_reaches_the_user(backend):
         _same(out.hist, ref.hist)
         for a, b in zip(out.bin_edges, ref.bin_edges):
             _same(a, b)
+
+
+def test_equal_code_objects_keep_caches_of_their_own():
+    """Two functions exec'd from one source under different file names have equal code
+    objects (code compares by content); each keeps its own entries and recompile budget."""
+    from ember.capture import frame
+
+    fns = []
+    for i in range(2):
+        ns = {}
+        exec(compile("def add_one(x):\n    return x + 1\n", f"<gen{i}>", "exec"), ns)
+        fns.append(ns["add_one"])
+    assert fns[0].__code__ == fns[1].__code__
+    x = torch.randn(3)
+    for fn in fns:
+        _same(ember.compile(fn, backend="eager")(x), x + 1)
+    caches = [c for c in frame._code_caches.values() if c.code in [f.__code__ for f in fns]]
+    assert len(caches) == 2 and all(len(c.entries) == 1 for c in caches)

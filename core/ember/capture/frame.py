@@ -136,15 +136,18 @@ class CodeCache:
         self.lock = threading.RLock()
 
 
-_code_caches: dict[tuple, CodeCache] = {}
+_code_caches: dict[tuple, CodeCache] = {}  # (id(code), backend key) -> cache
 
 
 def cache_for(code: types.CodeType, key: tuple = ()) -> CodeCache:
     """The entries of ``code`` compiled under ``key`` (backend, options, fullgraph): the same
     function compiled for two backends keeps two sets of entries."""
-    c = _code_caches.get((code, key))
-    if c is None:
-        c = _code_caches[(code, key)] = CodeCache(code)
+    # Keyed by the code object's identity: code objects compare equal by content (two
+    # functions exec'd from one source under different file names would share a cache and its
+    # recompile budget). The CodeCache holds ``code``, so its id is not reused meanwhile.
+    c = _code_caches.get((id(code), key))
+    if c is None or c.code is not code:
+        c = _code_caches[(id(code), key)] = CodeCache(code)
     return c
 
 
