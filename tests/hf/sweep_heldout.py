@@ -44,7 +44,7 @@ SMALL: dict[str, Any] = dict(
     num_experts=4, num_local_experts=4, n_routed_experts=4, num_experts_per_tok=2,
     moe_intermediate_size=32, shared_expert_intermediate_size=32, expert_intermediate_size=32,
     first_k_dense_replace=0, n_shared_experts=1, n_group=1, topk_group=1,
-    kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=8,
+    kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8,
     image_size=32, patch_size=8, num_channels=3, state_size=8, conv_kernel=4, expand=2,
     num_mel_bins=8, max_source_positions=8, max_target_positions=16,
     sliding_window=4, window_size=4, attention_window=4, num_buckets=16,
@@ -114,14 +114,47 @@ def _shrink(cfg: Any, depth: int = 0) -> None:
         cfg.layer_types = kinds
 
 
+def _small_kwargs(cfg: Any, depth: int = 0) -> dict[str, Any]:
+    """The keyword arguments that make ``cfg``'s class small (sub-configs as dicts), so that
+    what its ``__init__`` derives from them (``qk_head_dim``, ``layer_types``) follows."""
+    probe = type(cfg).from_dict(cfg.to_dict()) if hasattr(cfg, "to_dict") else cfg
+    _shrink(probe, depth)
+    out: dict[str, Any] = {}
+    for key, value in vars(probe).items():
+        old = getattr(cfg, key, None)
+        if hasattr(value, "to_dict") and hasattr(value, "model_type"):
+            out[key] = _small_kwargs(old, depth + 1) if depth < 3 else value.to_dict()
+            out[key] = {**value.to_dict(), **out[key]} if depth else out[key]
+        elif value != old or key in ("layer_types", "num_hidden_layers"):
+            out[key] = value
+    return out
+
+
+def _small_config(model_type: str) -> Any:
+    import transformers
+
+    cfg = transformers.AutoConfig.for_model(model_type)
+    try:  # through __init__, so that derived sizes follow
+        kw = _small_kwargs(cfg)
+        subs = {k: v for k, v in kw.items() if isinstance(v, dict)}
+        flat = {k: v for k, v in kw.items() if not isinstance(v, dict)}
+        for k, v in subs.items():
+            flat[k] = {**getattr(cfg, k).to_dict(), **v}
+        if "kv_lora_rank" in flat and "num_key_value_heads" in flat:  # MLA: as many kv heads
+            flat["num_key_value_heads"] = flat.get("num_attention_heads", 4)
+        return transformers.AutoConfig.for_model(model_type, **flat)
+    except Exception:  # noqa: BLE001 - some configs refuse keywords: shrink in place
+        _shrink(cfg)
+        return cfg
+
+
 def _register(model_type: str, auto: str, kind: str) -> str:
     """Put ``model_type`` into models.SPECS so that the harness builds it; returns its name."""
     import transformers
 
     from . import models
 
-    cfg = transformers.AutoConfig.for_model(model_type)
-    _shrink(cfg)
+    cfg = _small_config(model_type)
     models.SPECS[model_type] = models.Spec(model_type, "heldout", {}, kind, auto)
     orig = transformers.AutoConfig.for_model
 
@@ -170,7 +203,10 @@ def one(model_type: str, auto: str, kind: str, mode: str, backend: str) -> dict[
         return {"skip": f"eager: {type(e).__name__}: {str(e)[:200]}"}
     t0 = time.perf_counter()
     r = harness.run_ember(model_type, mode, backend)
-    out = {"params": n, "graphs": r.graphs, "breaks": r.breaks, "fallbacks": r.fallbacks,
+    import ember.events
+
+    skips = ember.events.counters["events"].get("skip", 0)  # frames run eagerly, callees compiled
+    out = {"params": n, "graphs": r.graphs, "breaks": r.breaks, "fallbacks": r.fallbacks, "skips": skips,
            "accuracy": r.accuracy, "error": r.error, "break_reasons": list(r.break_reasons),
            "fallback_reasons": list(r.fallback_reasons), "ok": r.ok,
            "seconds": round(time.perf_counter() - t0, 1)}
@@ -223,7 +259,8 @@ def work(keys: list[str]) -> None:
         print("|".join(key.split("|")[:3]), _row(res), flush=True)
 
 
-def run(types: list[str], backends: dict[str, str], force: bool, limit: int | None) -> None:
+def run(types: list[str], backends: dict[str, str], force: bool, limit: int | None,
+        retry_skips: bool = False) -> None:
     """Run what the cache lacks in worker processes (a new one after a crash)."""
     cands = {t: (a, k) for t, a, k in candidates()}
     todo = (types or list(cands))[:limit]
@@ -232,7 +269,8 @@ def run(types: list[str], backends: dict[str, str], force: bool, limit: int | No
     for t in todo:
         auto, kind = cands.get(t, ("AutoModel", "ids"))
         for mode, backend in backends.items():
-            if force or f"{t}|{mode}|{backend}" not in data:
+            prev = data.get(f"{t}|{mode}|{backend}")
+            if force or prev is None or (retry_skips and "skip" in prev):
                 keys.append(f"{t}|{mode}|{backend}|{auto}|{kind}")
     while keys:
         CACHE.with_suffix(".current").unlink(missing_ok=True)
@@ -257,7 +295,8 @@ def _row(r: dict[str, Any]) -> str:
     tg = tc.get("graphs", "1" if "graphs" in r and r["graphs"] <= 1 else "?")
     verdict = ("ERROR " + r["error"][:150] if r.get("error") else
                f"FALLBACK x{r['fallbacks']}" if r.get("fallbacks") else r.get("accuracy", "?"))
-    return f"graphs {r.get('graphs')} (torch {tg}) breaks {r.get('breaks')} {verdict}"
+    skips = f" skips {r['skips']}" if r.get("skips") else ""
+    return f"graphs {r.get('graphs')} (torch {tg}) breaks {r.get('breaks')}{skips} {verdict}"
 
 
 def table() -> None:
@@ -290,7 +329,8 @@ def main(argv: list[str]) -> None:
             i = args.index("--backend")
             backends = {"eval": args[i + 1]}
             del args[i:i + 2]
-        run([a for a in args if not a.startswith("--")], backends, force, limit)
+        run([a for a in args if not a.startswith("--")], backends, force, limit,
+            "--retry-skips" in args)
     else:
         table()
 
