@@ -130,10 +130,16 @@ def _small_kwargs(cfg: Any, depth: int = 0) -> dict[str, Any]:
     return out
 
 
+_FOR_MODEL: list[Any] = []  # transformers' own AutoConfig.for_model (_register patches it)
+
+
 def _small_config(model_type: str) -> Any:
     import transformers
 
-    cfg = transformers.AutoConfig.for_model(model_type)
+    if not _FOR_MODEL:
+        _FOR_MODEL.append(transformers.AutoConfig.for_model)
+    for_model = _FOR_MODEL[0]
+    cfg = for_model(model_type)
     try:  # through __init__, so that derived sizes follow
         kw = _small_kwargs(cfg)
         subs = {k: v for k, v in kw.items() if isinstance(v, dict)}
@@ -142,7 +148,7 @@ def _small_config(model_type: str) -> Any:
             flat[k] = {**getattr(cfg, k).to_dict(), **v}
         if "kv_lora_rank" in flat and "num_key_value_heads" in flat:  # MLA: as many kv heads
             flat["num_key_value_heads"] = flat.get("num_attention_heads", 4)
-        return transformers.AutoConfig.for_model(model_type, **flat)
+        return for_model(model_type, **flat)
     except Exception:  # noqa: BLE001 - some configs refuse keywords: shrink in place
         _shrink(cfg)
         return cfg
@@ -156,7 +162,7 @@ def _register(model_type: str, auto: str, kind: str) -> str:
 
     cfg = _small_config(model_type)
     models.SPECS[model_type] = models.Spec(model_type, "heldout", {}, kind, auto)
-    orig = transformers.AutoConfig.for_model
+    orig = _FOR_MODEL[0]
 
     def for_model(mt: str, *a: Any, **kw: Any) -> Any:  # the harness asks by model type
         import copy
