@@ -490,8 +490,8 @@ class Tracer:
             val = obj.value
             try:
                 attr = getattr(val, name)
-            except AttributeError:
-                raise Unsupported(f"{type(val).__name__} constant has no attribute {name!r}")
+            except AttributeError as e:  # the program raises it (its handler may catch it)
+                raise PyRaise(e, f"{type(val).__name__} constant has no attribute {name!r}")
             if callable(attr) and not isinstance(attr, type):
                 return ContainerMethodVar(obj, name)
             return self.const_result(attr) if not isinstance(attr, (types.ModuleType,)) else \
