@@ -5,7 +5,7 @@ torch.compile's graph count as the yardstick. A script, not a test (pytest colle
 
     .venv/bin/python -m tests.hf.sweep_heldout list                  # the candidate model types
     .venv/bin/python -m tests.hf.sweep_heldout run [TYPE ...] [--limit N] [--backend inductor]
-    .venv/bin/python -m tests.hf.sweep_heldout table                 # the cached results
+    .venv/bin/python -m tests.hf.sweep_heldout table [FILE]          # the cached results
     .venv/bin/python -m tests.hf.sweep_heldout one TYPE MODE BACKEND # one run, in this process
 
 Configs are shrunk generically: every key of the default config that the corpus's tiny configs
@@ -305,8 +305,8 @@ def _row(r: dict[str, Any]) -> str:
     return f"graphs {r.get('graphs')} (torch {tg}) breaks {r.get('breaks')}{skips} {verdict}"
 
 
-def table() -> None:
-    data = _load()
+def table(path: str | None = None) -> None:
+    data = json.loads(Path(path).read_text()) if path else _load()
     for key in sorted(data):
         print(f"{key:45s} {_row(data[key])}")
 
@@ -338,7 +338,7 @@ def main(argv: list[str]) -> None:
         run([a for a in args if not a.startswith("--")], backends, force, limit,
             "--retry-skips" in args)
     else:
-        table()
+        table(argv[1] if len(argv) > 1 else None)
 
 
 if __name__ == "__main__":
