@@ -123,6 +123,15 @@ SPECS: dict[str, Spec] = {
     "mbart": _s("mbart", "encdec", "ids_dec", _BART),
     "blenderbot": _s("blenderbot", "encdec", "ids_dec", _BART),
     "m2m_100": _s("m2m_100", "encdec", "ids_dec", _BART),
+    # outputs y[:, :n], y[:, n:] of one tensor (AOT: sibling views of an intermediate)
+    "prophetnet": _s("prophetnet", "encdec", "ids_dec", dict(
+        vocab_size=VOCAB, hidden_size=32, encoder_ffn_dim=64, decoder_ffn_dim=64,
+        num_encoder_layers=1, num_decoder_layers=1, num_encoder_attention_heads=4,
+        num_decoder_attention_heads=4, max_position_embeddings=64, ngram=2, num_buckets=16,
+        relative_max_distance=32, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        decoder_start_token_id=2)),
+    # numpy of constants in its positional embedding (capture: numpy folding)
+    "pegasus_x": _s("pegasus_x", "encdec", "ids_dec", _BART, block_size=4, num_global_tokens=4),
     # vision
     "vit": _s("vit", "vision", "pixels", _VIT),
     "deit": _s("deit", "vision", "pixels", _VIT),

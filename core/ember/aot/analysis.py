@@ -146,6 +146,33 @@ def _geometry(t: torch.Tensor) -> tuple[tuple[Any, ...], tuple[Any, ...], Any]:
             expr_of(t.storage_offset()))
 
 
+def _inside(o: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether every byte ``o`` addresses is one ``b`` addresses (``b`` non-overlapping and
+    dense, ``o`` within its span). Only then may ``o`` be regenerated as a view of ``b``: two
+    views of one intermediate (``y[:, :8]``, ``y[:, 8:]``) share a storage, but an as_strided of
+    the first reaching the second's elements gets a wrong gradient (the first's backward cannot
+    hold them). Symbolic geometry: False unless the same (``o`` is then returned by the graph)."""
+    def span(t: torch.Tensor) -> tuple[Any, Any]:  # [first byte, one past the last byte)
+        lo = hi = t.storage_offset()
+        for size, stride in zip(t.shape, t.stride()):
+            lo += min(0, (size - 1) * stride)
+            hi += max(0, (size - 1) * stride)
+        return lo * t.element_size(), (hi + 1) * t.element_size()
+
+    if _geometry(o) == _geometry(b) or o.numel() == 0:
+        return True
+    if any(is_sym(v) for t in (o, b) for v in (*t.shape, *t.stride(), t.storage_offset())):
+        return False  # deciding it could add guards on the sizes
+    expected = 1  # b dense: its dims sorted by stride tile its span exactly
+    for size, stride in sorted((d for d in zip(b.shape, b.stride()) if d[0] != 1),
+                               key=lambda d: d[1]):
+        if stride != expected:
+            return False
+        expected *= size
+    (olo, ohi), (blo, bhi) = span(o), span(b)
+    return blo <= olo and ohi <= bhi
+
+
 def _raw_geometry(t: torch.Tensor) -> tuple[Any, ...]:
     """Size, strides and offset as they are (SymInts by object: a guard the run adds may rewrite
     a symbol's expression, which is no change of the tensor's metadata)."""
@@ -223,7 +250,7 @@ def analyze(gm: Any, tensors: Sequence[Any], requires_grad: Sequence[bool],
             for j in range(k):
                 b = flat[j]
                 if (isinstance(b, torch.Tensor) and outputs[j].kind == "graph"
-                        and torch._C._is_alias_of(o, b)):
+                        and torch._C._is_alias_of(o, b) and _inside(o, b)):
                     same = og == _geometry(b) and o.dtype == b.dtype
                     info = OutputInfo("output_alias", j, og[0], og[1],
                                       expr_of(o.storage_offset() * o.element_size()

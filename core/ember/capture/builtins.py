@@ -1153,3 +1153,29 @@ _BUILTIN_HANDLERS: dict[Any, Any] = {
     divmod: _divmod_round(divmod), pow: _divmod_round(pow), str: _str, repr: _str,
 }
 
+
+
+def fold_numpy(fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var | None:
+    """A numpy ufunc or function (not ``numpy.random``) of constants, evaluated while tracing
+    (``np.log(float(self.max_scale))`` in a positional embedding): its scalar result is a
+    constant, as torch.compile folds it. Float64, int64 and bool results become the Python
+    scalars of the same value and arithmetic; anything else (arrays, float32) is None: the call
+    stays a graph break."""
+    import sys
+
+    np = sys.modules.get("numpy")
+    module = getattr(fn, "__module__", None) or ""
+    if np is None or isinstance(fn, type) or not (isinstance(fn, np.ufunc) or (
+            module.startswith("numpy") and not module.startswith("numpy.random"))):
+        return None
+    if not all(a.is_const() for a in args) or not all(a.is_const() for a in kwargs.values()):
+        return None
+    try:
+        r = fn(*[a.as_const() for a in args], **{k: a.as_const() for k, a in kwargs.items()})
+    except Exception:  # noqa: BLE001 - left to run (and raise) as Python, at a break
+        return None
+    if isinstance(r, (np.float64, np.int64, np.bool_)):
+        return ConstVar(r.item())
+    if type(r) in (int, float, bool):
+        return ConstVar(r)
+    return None

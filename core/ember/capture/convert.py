@@ -34,7 +34,8 @@ from .sources import ClosureCell, Local, NamespaceRef
 from .interpreter import BreakHere, Frame, LazyVar, Tracer
 from .output import OutputGraph, Reconstructor, build_entry, entry_source
 from .variables import (BoundMethodVar, CellVar, DictVar, FunctionVar,
-                        IteratorVar, ListVar, NNModuleVar, NullVar, ObjectVar, SetVar, TensorVar,
+                        IteratorVar, ListVar, NNModuleVar, NullVar, ObjectVar, PyRaise, SetVar,
+                        TensorVar,
                         Var)
 
 log = logging.getLogger("ember.capture")
@@ -140,6 +141,17 @@ def _convert_frame(fn: Callable[..., Any], args: tuple, kwargs: dict, *, backend
             raise
         first = e
     try:
+        if isinstance(first, PyRaise):
+            # Nothing in the traced code catches it. Breaking there would raise it for real,
+            # but under a compiler code can take another path than eagerly (``if mask is None
+            # and not is_torchdynamo_compiling(): mask = ...``): as torch.compile does, the frame
+            # runs as Python (its own exceptions, if any, are eager's), with the modules it
+            # calls compiled.
+            skip = Unsupported(f"{first.reason}, and the compiled code does not catch it; the "
+                               "frame runs eagerly, with the modules it calls compiled",
+                               where=first.where)
+            skip.skip_frame = True  # type: ignore[attr-defined]  (frame.py: nested compile)
+            raise skip from first
         if _inside_loop(fn.__code__, bp[0]):
             skip = Unsupported(f"graph break inside a loop ({first.reason}); the frame runs "
                                "eagerly, with the modules it calls compiled", where=first.where)

@@ -490,8 +490,8 @@ class Tracer:
             val = obj.value
             try:
                 attr = getattr(val, name)
-            except AttributeError:
-                raise Unsupported(f"{type(val).__name__} constant has no attribute {name!r}")
+            except AttributeError as e:  # the program raises it (its handler may catch it)
+                raise PyRaise(e, f"{type(val).__name__} constant has no attribute {name!r}")
             if callable(attr) and not isinstance(attr, type):
                 return ContainerMethodVar(obj, name)
             return self.const_result(attr) if not isinstance(attr, (types.ModuleType,)) else \
@@ -693,6 +693,10 @@ class Tracer:
                     raise Unsupported(f"cached function {fn.value!r} raised {e!r}")
             if orig is not None:
                 return self.call(FunctionVar(orig), args, kwargs)
+            from .builtins import fold_numpy
+            folded = fold_numpy(fn.value, args, kwargs)
+            if folded is not None:
+                return folded
             call = inspect.getattr_static(type(fn.value), "__call__", None)
             if isinstance(call, types.FunctionType):
                 return self.call(FunctionVar(call), [fn, *args], kwargs)
@@ -790,6 +794,10 @@ class Tracer:
             if tm and args and isinstance(args[0], TensorVar):
                 return self.call_tensor_method(args[0], tm, args[1:], kwargs)
             if f.__module__ and rules.is_skipped_module(f.__module__):
+                from .builtins import fold_numpy
+                folded = fold_numpy(f, args, kwargs)
+                if folded is not None:
+                    return folded
                 raise Unsupported(f"call to {f.__module__}.{f.__qualname__} (Ember does not "
                                   f"trace the {f.__module__.split('.')[0]} module)")
             if f.__module__ == "copy" and f.__name__ in ("copy", "deepcopy") and len(args) == 1:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 import ember
 
 __all__ = ["compile_aot_eager"]
@@ -18,8 +20,24 @@ def compile_aot_eager(gm: Any, example_inputs: list[Any], **options: Any) -> Any
 
     ``gm`` is the functional forward or backward graph; the returned callable takes its inputs
     positionally and returns its output tuple. Options are accepted and ignored.
+
+    Views run as reshapes: tracing chose ``view`` where the FakeTensor strides allowed it, and
+    some ops' meta kernels give other strides than their real kernels (``softplus_backward`` of a
+    transposed gradient: contiguous in the meta kernel, the gradient's layout in the real one),
+    so a traced ``view`` can fail at run time. A reshape is that same view whenever the view
+    succeeds, and a copy where it would fail.
     """
-    return gm.forward
+    if not any(n.op == "call_function" and n.target in _VIEWS for n in gm.graph.nodes):
+        return gm.forward
+    graph = torch.fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))
+    for n in graph.nodes:
+        if n.op == "call_function" and n.target in _VIEWS:
+            n.target = torch.ops.aten.reshape.default
+    return torch.fx.GraphModule(gm, graph).forward
+
+
+_VIEWS = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default)
 
 
 @ember.hookimpl
