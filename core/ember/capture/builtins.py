@@ -35,6 +35,21 @@ def _has_tensor(vs: list[Var]) -> bool:
 
 
 
+def _state_query(tr: Any, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    """A torch call reading global state: its value now, guarded to stay the same."""
+    from .guards import state_guard
+
+    c = _consts(args, kwargs)
+    if c is None or not all(type(a) in (str, int, bool, type(None))
+                            for a in [*c[0], *c[1].values()]):
+        raise Unsupported(f"torch.{fn.__name__} with non-constant arguments")
+    value = fn(*c[0], **c[1])
+    out = tr.out
+    call = ", ".join([repr(a) for a in c[0]] + [f"{k}={v!r}" for k, v in c[1].items()])
+    out.guards.add(state_guard(f"{out.ns(fn, fn.__name__)}({call})", value, out.ns))
+    return ConstVar(value)
+
+
 def call_builtin(tr: Any, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
     # --- answers that are known while tracing ---------------------------------------------------
     if fn in rules.COMPILING_TRUE or getattr(fn, "__name__", "") in rules.COMPILING_TRUE_NAMES \
@@ -49,6 +64,8 @@ def call_builtin(tr: Any, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> V
         return ConstVar(torch.is_autocast_enabled(*c[0]) if c else torch.is_autocast_enabled())
     if fn in rules.CONST_RESULTS:
         return ConstVar(rules.CONST_RESULTS[fn])
+    if fn in rules.STATE_QUERIES:
+        return _state_query(tr, fn, args, kwargs)
     if getattr(fn, "__self__", None) is dict and getattr(fn, "__name__", "") == "fromkeys" \
             and args and not kwargs:
         fill = args[1] if len(args) > 1 else ConstVar(None)

@@ -29,6 +29,7 @@ from ..exc import Unsupported
 from . import resume as resume_mod
 from . import artifact
 from .artifact import Capture, CaptureInput
+from .aliasing import mutated_input_guards
 from .guards import FN, function_state_guards
 from .sources import ClosureCell, Local, NamespaceRef
 from .interpreter import BreakHere, Frame, LazyVar, Tracer
@@ -122,8 +123,10 @@ def convert_frame(fn: Callable[..., Any], args: tuple, kwargs: dict, *, backend:
         # Global module hooks (register_module_forward_hook) apply to the root module too.
         mm = "___torch.nn.modules.module"
         extra = (f"not ({me})._forward_pre_hooks and not ({me})._forward_hooks and "
+                 f"not ({me})._backward_hooks and not ({me})._backward_pre_hooks and "
                  f"'forward' not in ({me}).__dict__ and type({me}).forward is ___fn",
-                 f"not ({mm}._global_forward_hooks or {mm}._global_forward_pre_hooks)")
+                 f"not ({mm}._global_forward_hooks or {mm}._global_forward_pre_hooks or "
+                 f"{mm}._global_backward_hooks or {mm}._global_backward_pre_hooks)")
     return _convert_frame(fn, args, kwargs, backend=backend, options=options,
                           compile_graph=compile_graph,
                           fullgraph=fullgraph, extra_guards=extra, policy=policy)
@@ -308,6 +311,8 @@ def _capture_and_compile(out: OutputGraph, fn: Callable[..., Any], args: tuple, 
     if len(out.arg_tensor_sources) > 1:
         srcs = out.arg_tensor_sources
         out.guards.add(f"len({{{', '.join(f'id({s})' for s in srcs)}}}) == {len(srcs)}")
+    for g in mutated_input_guards(out):  # a mutated input must not alias another input
+        out.guards.add(g)
     rec = Reconstructor(out)
     pre: list[str] = []  # values computed before any side effect is replayed
     tail: list[str] = []  # the break instruction and the return

@@ -242,7 +242,9 @@ class CompiledFunction:
         if self._root_module:
             from torch.nn.modules import module as _mm
             if (m._forward_pre_hooks or m._forward_hooks or "forward" in m.__dict__
-                    or _mm._global_forward_hooks or _mm._global_forward_pre_hooks):
+                    or m._backward_hooks or m._backward_pre_hooks
+                    or _mm._global_forward_hooks or _mm._global_forward_pre_hooks
+                    or _mm._global_backward_hooks or _mm._global_backward_pre_hooks):
                 # Hooks or a forward set on the instance: the entries of the class's forward do
                 # not serve this call; a call through Module.__call__ (hooks traced) does.
                 if self._hooked is None:

@@ -17,7 +17,8 @@ import math
 import types
 from typing import Any, Callable
 
-__all__ = ["const_guard", "function_state_guards", "not_in_dict_guard", "class_attr_guard",
+__all__ = ["const_guard", "state_guard", "function_state_guards", "not_in_dict_guard",
+           "class_attr_guard",
            "FN"]
 
 #: The entry's parameter holding the function object being called (functions made by one
@@ -47,6 +48,17 @@ def const_guard(source: str, value: Any, ns: Ns) -> str:
     raise TypeError(f"const_guard: not a simple constant: {t.__name__}")
 
 
+def state_guard(expr: str, value: Any, ns: Ns) -> str:
+    """``expr`` (a call reading global state) evaluates to ``value`` again."""
+    import torch
+
+    if isinstance(value, torch.dtype):
+        return f"({expr}) is {ns(value, str(value))}"
+    if isinstance(value, torch.device):
+        return f"({expr}) == {ns(value, 'device')}"
+    return const_guard(expr, value, ns)
+
+
 def function_state_guards(fn: types.FunctionType, ns: Ns, *, uses_globals: bool) -> list[str]:
     """What the entry's own copy of ``fn``'s signature and namespace assume about the function
     being called (``___fn``): the same defaults and keyword defaults objects (the entry fills
@@ -72,7 +84,8 @@ def not_in_dict_guard(dict_ref: str, name: str) -> str:
     return f"{name!r} not in {dict_ref}"
 
 
-def class_attr_guard(cls_ref: str, name: str, value_ref: str) -> str:
-    """The class (through its MRO) still resolves ``name`` to the same object."""
-    return f"{cls_ref}.{name} is {value_ref}" if name.isidentifier() else \
-        f"getattr({cls_ref}, {name!r}) is {value_ref}"
+def class_attr_guard(cls_ref: str, name: str, value_ref: str, through: str = "") -> str:
+    """The class (through its MRO) still resolves ``name`` to the same object (``through``: an
+    attribute of what it resolves to, for a classmethod, which binds anew on every read)."""
+    read = f"{cls_ref}.{name}" if name.isidentifier() else f"getattr({cls_ref}, {name!r})"
+    return f"{read}.{through} is {value_ref}" if through else f"{read} is {value_ref}"

@@ -563,12 +563,15 @@ class Tracer:
             self.guard_class_attr(obj, value, name, static)
             return BoundMethodVar(FunctionVar(static), obj)
         if isinstance(static, staticmethod):
+            self.guard_class_attr(obj, value, name, static.__func__)
             return self.wrap(static.__func__, None)
         if isinstance(static, classmethod):
+            self.guard_class_attr(obj, value, name, static.__func__, through="__func__")
             return BoundMethodVar(FunctionVar(static.__func__), ClassVar(type(value), None))
         if isinstance(static, property):
             if static.fget is None:
                 raise Unsupported(f"property {name!r} has no getter")
+            self.guard_class_attr(obj, value, name, static)
             return self.call(self.wrap(static.fget, None), [obj], {})
         if static is None and not hasattr(value, name):
             if isinstance(value, torch.nn.Module):
@@ -586,7 +589,8 @@ class Tracer:
             return BuiltinVar(real)
         return self.wrap(real, Attr(src, name) if src else None)
 
-    def guard_class_attr(self, obj: Var, value: Any, name: str, attr: Any) -> None:
+    def guard_class_attr(self, obj: Var, value: Any, name: str, attr: Any,
+                         through: str = "") -> None:
         """``name`` on ``value`` resolved through its class to ``attr``: guard that the instance
         does not shadow it and the class still provides it (a method replaced after compiling,
         on the instance or on the class, must recompile)."""
@@ -603,7 +607,8 @@ class Tracer:
             out.guards.add(not_in_dict_guard(ref, name))
         cls = type(value)
         out.guards.add(class_attr_guard(out.ns(cls, cls.__name__), name,
-                                        out.ns(attr, getattr(attr, "__name__", "attr"))))
+                                        out.ns(attr, getattr(attr, "__name__", "attr")),
+                                        through))
 
     def super_getattr(self, sup: SuperVar, name: str) -> Var:
         obj_type = sup.obj.python_type() if not isinstance(sup.obj, ClassVar) else sup.obj.value
@@ -772,7 +777,7 @@ class Tracer:
                 return self.call_torch_function(f, args, kwargs)
             if f in rules.COMPILING_TRUE or f.__name__ in rules.COMPILING_TRUE_NAMES:
                 return ConstVar(True)
-            if f in rules.CONST_RESULTS:
+            if f in rules.CONST_RESULTS or f in rules.STATE_QUERIES:
                 from .builtins import call_builtin
                 return call_builtin(self, f, args, kwargs)
             if f is torch.nn.Module.to and args and isinstance(args[0], NNModuleVar):
@@ -809,6 +814,10 @@ class Tracer:
                 if folded is not None:
                     return folded
             code = f.__code__
+            if not (f.__module__ or "").startswith("torch"):
+                # f.__code__ can be reassigned: the function is the same object, its body not
+                self.out.guards.add(f"{self.out.ns(f, f.__name__)}.__code__ is "
+                                    f"{self.out.ns(code, 'code')}")
             cells = self.closure_cells(code, f.__closure__, fn.source)
             return self.inline(code, f.__globals__, self.fn_globals_source(f), args, kwargs,
                                f.__defaults__, f.__kwdefaults__, cells, name=f.__qualname__,
@@ -930,13 +939,19 @@ class Tracer:
             raise Unsupported(f"{type(m).__name__} has forward hooks with kwargs")
         src = mv.source
         if src is not None:
+            # Backward hooks registered after compiling must recompile too (the trace refuses
+            # them: the module then runs through Module.__call__).
+            ref = self.out.stable_ref(m, src)
             if not m._forward_pre_hooks and not m._forward_hooks:
-                ref = self.out.stable_ref(m, src)
-                self.out.guards.add(f"not {ref}._forward_pre_hooks and not {ref}._forward_hooks")
+                self.out.guards.add(f"not {ref}._forward_pre_hooks and not {ref}._forward_hooks "
+                                    f"and not {ref}._backward_hooks and "
+                                    f"not {ref}._backward_pre_hooks")
             else:
                 self.out.guards.add(
                     f"list(({src})._forward_pre_hooks) == {list(m._forward_pre_hooks)!r} and "
                     f"list(({src})._forward_hooks) == {list(m._forward_hooks)!r}")
+                self.out.guards.add(f"not {ref}._backward_hooks and "
+                                    f"not {ref}._backward_pre_hooks")
         for hid, hook in m._forward_pre_hooks.items():
             hv = self.wrap(hook, GetItem(Attr(src, "_forward_pre_hooks", paren=True), hid,
                                          paren=False) if src else None)
@@ -946,9 +961,10 @@ class Tracer:
         fwd = m.__dict__.get("forward")
         if src is not None:
             # Hooks registered for every module after compiling must recompile.
+            mm = self.out.ns(_mm, 'module_mod')
             self.out.guards.add(
-                f"not ({self.out.ns(_mm, 'module_mod')}._global_forward_hooks or "
-                f"{self.out.ns(_mm, 'module_mod')}._global_forward_pre_hooks)")
+                f"not ({mm}._global_forward_hooks or {mm}._global_forward_pre_hooks or "
+                f"{mm}._global_backward_hooks or {mm}._global_backward_pre_hooks)")
         if fwd is not None:
             out = self.call(self.wrap(fwd, Attr(src, "forward", paren=True) if src else None),
                             args, kwargs)

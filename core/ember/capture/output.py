@@ -17,6 +17,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from .. import _logging
 from ..exc import Unsupported
+from .aliasing import HELPERS as _ALIAS_HELPERS
 from .guards import FN
 from .lifetime import make_entry, weak_names
 from .sources import Local, NamespaceRef, Source
@@ -52,7 +53,7 @@ def _with_kwdefaults(fn: types.FunctionType, kw: dict) -> types.FunctionType:
 ENTRY_HELPERS = {"___GradRestore": GradRestore, "___enter_autocast": _enter_autocast,
                  "___autocast_nesting": autocast_nesting, "___settle_autocast": settle_autocast, "___mkobj": _mkobj, "___mkcell": _mkcell,
                  "___MethodType": types.MethodType, "___FunctionType": types.FunctionType,
-                 "___with_kwdefaults": _with_kwdefaults}
+                 "___with_kwdefaults": _with_kwdefaults, **_ALIAS_HELPERS}
 
 log = logging.getLogger("ember.capture")
 graph_log = _logging.get_artifact_logger("graph")

@@ -333,6 +333,29 @@ class _Finder:
         self._file(name)
         return name
 
+    def _class_attr(self, obj: Any) -> list[Any] | None:
+        """A property, or a classmethod's function, found in a class the namespace holds (guards
+        check them by identity: a property replaced on the class recompiles)."""
+        if not isinstance(obj, (property, types.FunctionType)):
+            return None
+        for c in self.ns.values():
+            if not isinstance(c, type):
+                continue
+            for klass in c.__mro__:
+                for k, v in vars(klass).items():
+                    if isinstance(v, property) and (v is obj or v.fget is obj):
+                        through = "" if v is obj else "fget"
+                    elif isinstance(v, classmethod) and v.__func__ is obj:
+                        through = "__func__"
+                    else:
+                        continue
+                    target = _class_attr_fn(v, through)
+                    if isinstance(target, types.FunctionType):
+                        mod, qual = _import_name(klass)
+                        self._file(mod)
+                        return ["class_attr", mod, qual, k, through, self.fingerprint(target)]
+        return None
+
     def recipe(self, name: str, obj: Any) -> list[Any]:
         from .output import ENTRY_HELPERS
 
@@ -388,6 +411,9 @@ class _Finder:
             if sys.modules.get(obj.__name__) is not obj:
                 raise _Refuse(f"module {obj.__name__} is not in sys.modules")
             return ["pymodule", obj.__name__]
+        found = self._class_attr(obj)
+        if found is not None:
+            return found
         if isinstance(obj, types.FunctionType):
             try:
                 mod, qual = _import_name(obj)
@@ -407,6 +433,11 @@ class _Finder:
             mod, qual = _import_name(obj)
             return ["builtin", mod, qual]
         raise _Refuse(f"namespace object {name} of type {type(obj).__name__}")
+
+
+def _class_attr_fn(attr: Any, through: str) -> Any:
+    """The function a class attribute runs (a property's getter, a classmethod's function)."""
+    return getattr(attr, through or "fget", None)
 
 
 def _resolve(recipe: list[Any], fn: Any, roots: dict[str, Any], files: dict[str, str]) -> Any:
@@ -474,6 +505,24 @@ def _resolve(recipe: list[Any], fn: Any, roots: dict[str, Any], files: dict[str,
         if obj is None:
             raise _Refuse(f"module {recipe[1]} not imported")
         return obj
+    if kind == "class_attr":  # a property, or a classmethod's function (guards: identity)
+        _, mod, qual, name, through, fp = recipe
+        cls = _resolve_name(mod, qual)
+        if not isinstance(cls, type):
+            raise _Refuse(f"{mod}.{qual} not found")
+        _check_named(cls, mod, qual)
+        import inspect
+        attr = inspect.getattr_static(cls, name, None)
+        if not isinstance(attr, classmethod if through == "__func__" else property):
+            attr = None
+        target = _class_attr_fn(attr, through) if attr is not None else None
+        try:
+            same = target is not None and _Finder(fn, {}).fingerprint(target) == fp
+        except (_Refuse, ValueError):
+            same = False
+        if not same:
+            raise _Refuse(f"{mod}.{qual}.{name} changed")
+        return target if through else attr
     if kind in ("function", "class", "builtin", "wrapped"):
         obj = _resolve_name(recipe[1], recipe[2])
         if obj is None:

@@ -59,6 +59,18 @@ try:
 except AttributeError:
     pass
 
+#: torch functions that read global state (set by ``torch.use_deterministic_algorithms``,
+#: ``manual_seed``, ``set_num_threads``, ...): evaluated while tracing, and the value they returned
+#: is guarded (the call is repeated by the entry), so a program that branches on one recompiles
+#: when the state changes. (Grad mode, the default dtype and autocast are guarded for every graph.)
+STATE_QUERIES: set[Any] = {f for f in (getattr(torch, n, None) for n in (
+    "are_deterministic_algorithms_enabled", "is_deterministic_algorithms_warn_only_enabled",
+    "get_deterministic_debug_mode", "initial_seed", "get_num_threads", "get_num_interop_threads",
+    "is_anomaly_enabled", "is_anomaly_check_nan_enabled", "get_float32_matmul_precision",
+    "is_inference_mode_enabled", "is_warn_always_enabled", "get_default_device",
+    "get_autocast_dtype", "get_autocast_cpu_dtype", "get_autocast_gpu_dtype",
+    "is_autocast_cache_enabled")) if f is not None}
+
 GRAD_MODE_CLASSES = {torch.no_grad: False, torch.enable_grad: True}
 AUTOCAST_CLASSES = {torch.autocast, torch.amp.autocast, torch.cpu.amp.autocast}
 
