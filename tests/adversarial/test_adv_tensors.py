@@ -189,3 +189,68 @@ def test_manual_seed_between_calls(backend):
         want = f(x)
         same(got, want)
         same(after, torch.rand(2))  # the generator advanced as eager's did
+
+
+# ------------------------------------------------------------------------------------------
+# tensor properties outside the tensor guard, read as Python values
+
+_BASE = torch.arange(8.0)
+_PROPS = {
+    "is_leaf": ("x.is_leaf", lambda: torch.ones(2, requires_grad=True),
+                lambda: torch.ones(2, requires_grad=True) * 1),
+    "grad_fn": ("x.grad_fn is None", lambda: torch.ones(2, requires_grad=True),
+                lambda: torch.ones(2, requires_grad=True) * 1),
+    "is_view": ("x._is_view()", lambda: torch.arange(4.0), lambda: _BASE[:4]),
+    "base": ("x._base is None", lambda: torch.arange(4.0), lambda: _BASE[:4]),
+    "storage_offset": ("x.storage_offset()", lambda: _BASE[:4], lambda: _BASE[4:]),
+    "derived_offset": ("x[1:].storage_offset()", lambda: _BASE[:4], lambda: _BASE[4:]),
+    "is_conj": ("x.is_conj()", lambda: torch.ones(2, dtype=torch.complex64),
+                lambda: torch.ones(2, dtype=torch.complex64).conj()),
+    "version": ("x._version", lambda: torch.ones(2), lambda: torch.ones(2).add_(0)),
+    "retains_grad": ("x.retains_grad", lambda: torch.ones(2, requires_grad=True) * 1,
+                     lambda: _retained()),
+    "storage_nbytes": ("x.untyped_storage().nbytes()", lambda: _BASE[:4],
+                       lambda: torch.arange(4.0)),
+}
+
+
+def _retained():
+    t = torch.ones(2, requires_grad=True) * 1
+    t.retain_grad()
+    return t
+
+
+@pytest.mark.parametrize("prop", sorted(_PROPS))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_tensor_property_read_is_guarded(prop, backend):
+    expr, first, second = _PROPS[prop]
+    f = eval(f"lambda x: (x * 2, {expr})")
+    cf = ember.compile(f, backend=backend)
+    for make in (first, second, first):
+        got, want = cf(make()), f(make())
+        assert got[1] == want[1]
+        same(got[0], want[0])
+
+
+def test_method_of_an_argument_object_after_a_break():
+    # a bound builtin method of an argument (here the storage) read after a graph break must
+    # be this call's, not the first call's
+    def f(x):
+        return x * 2, x.untyped_storage().nbytes()
+
+    cf = ember.compile(f, backend="eager")
+    assert cf(torch.arange(8.0)[:4])[1] == 32
+    assert cf(torch.arange(4.0))[1] == 16
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_generator_state_read(backend):
+    g = torch.Generator().manual_seed(3)
+
+    def f(x):
+        return x * g.initial_seed()
+
+    cf = ember.compile(f, backend=backend)
+    same(cf(torch.ones(1)), torch.full((1,), 3.0))
+    g.manual_seed(11)
+    same(cf(torch.ones(1)), torch.full((1,), 11.0))

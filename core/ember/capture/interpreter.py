@@ -27,7 +27,7 @@ import torch.fx
 
 from .. import config
 from ..exc import Unsupported
-from . import rules
+from . import rules, tensorprops
 from .output import OutputGraph
 from .sources import (Attr, Buffer, CellContents, ClosureCell, Defaults, GetItem, Global,
                       ModuleChild, NamespaceRef, Param, Source)
@@ -390,6 +390,10 @@ class Tracer:
             raise Unsupported(f"Tensor.{name}() needs the tensor's value in Python "
                               "(a graph break)", hint="keep the value as a tensor, or move this "
                               "call out of the compiled function")
+        if name in tensorprops.METHODS and not args and not kwargs:
+            v = tensorprops.read(self, t, name)  # not covered by the tensor guard
+            if v is not None:
+                return v
         if name in rules.TENSOR_META_METHODS and not (name == "type" and args):
             f = t.fake
             cargs = [a.as_const() for a in args]
@@ -408,6 +412,10 @@ class Tracer:
             raise AssertionError("lazy var leaked")
         if isinstance(obj, TensorVar):
             f = obj.fake
+            if name in tensorprops.ATTRS:  # not covered by the tensor guard: guarded if read
+                v = tensorprops.read(self, obj, name)
+                if v is not None:
+                    return v
             if name in rules.TENSOR_META_ATTRS:
                 if name == "shape":
                     return self.const_result(f.shape)
@@ -586,7 +594,8 @@ class Tracer:
             if isinstance(fn, types.FunctionType):
                 return BoundMethodVar(FunctionVar(fn), obj)
         if isinstance(real, (types.BuiltinMethodType, types.MethodWrapperType)):
-            return BuiltinVar(real)
+            # bound to this object: a later call reads it from that call's object
+            return BuiltinVar(real, Attr(src, name) if src else None)
         return self.wrap(real, Attr(src, name) if src else None)
 
     def guard_class_attr(self, obj: Var, value: Any, name: str, attr: Any,

@@ -619,6 +619,10 @@ class Reconstructor:
                 return str(v.source)
             return out.ns(v.value, "obj")
         if isinstance(v, BuiltinVar):
+            owner = getattr(v.value, "__self__", None)
+            if v.source is not None and owner is not None and \
+                    not isinstance(owner, (types.ModuleType, type)):
+                return str(v.source)  # a method bound to an argument: this call's argument's
             return out.ns(v.value, getattr(v.value, "__name__", "fn"))
         raise Unsupported(f"cannot return {v.describe()} from a compiled region")
 

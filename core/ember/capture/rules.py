@@ -84,7 +84,8 @@ TENSOR_META_METHODS = {"size", "dim", "ndimension", "numel", "nelement", "stride
 TENSOR_GRAPH_ATTRS = {"T", "mT", "H", "mH", "real", "imag", "data"}
 #: Tensor methods that force a value out of the graph: a graph break.
 TENSOR_BREAK_METHODS = {"item", "tolist", "numpy", "__bool__", "__int__", "__float__",
-                        "__index__", "data_ptr", "backward", "register_hook", "cpu_"}
+                        "__index__", "data_ptr", "backward", "register_hook", "cpu_",
+                        "untyped_storage", "storage", "_typed_storage"}
 
 #: Pure Python callables safe to evaluate on constant arguments at trace time.
 PURE_BUILTINS = {
@@ -114,10 +115,16 @@ def is_torch_op(fn: Any) -> bool:
         return True
     mod = getattr(fn, "__module__", None) or ""
     if isinstance(fn, (types.BuiltinFunctionType, types.BuiltinMethodType)):
-        if mod.startswith("torch") or (getattr(fn, "__self__", None) is not None and
-                                       type(fn.__self__).__module__.startswith("torch")):
-            return True
         self_obj = getattr(fn, "__self__", None)
+        if self_obj is not None and not isinstance(self_obj, (types.ModuleType, type)) and \
+                type(self_obj).__module__.startswith("torch") and \
+                not isinstance(self_obj, torch.Tensor):
+            # a method of a real torch object (a storage, a Generator): its answer depends on
+            # that object's state, which no guard checks; not an operator of the graph
+            return False
+        if mod.startswith("torch") or (self_obj is not None and
+                                       type(self_obj).__module__.startswith("torch")):
+            return True
         if isinstance(self_obj, types.ModuleType) and self_obj.__name__.startswith("torch"):
             return True
         return False
