@@ -194,7 +194,8 @@ class Tracer:
                             for k, v in value.items()}, source, cls=t)
         if t in (set, frozenset):
             if all(isinstance(k, (str, int, bool, type(None), float)) for k in value):
-                g(f"type({source}) is {t.__name__} and ({source}) == {value!r}")
+                # the order too: iteration follows it (strings hash differently per process)
+                g(f"type({source}) is {t.__name__} and list({source}) == {list(value)!r}")
                 return SetVar([ConstVar(x) for x in value], source, cls=t)
         if isinstance(value, (range, slice)):
             return const(f"({source}) == {value!r}")
@@ -994,6 +995,12 @@ class Tracer:
     # =========================================================================================
     # Iteration / truthiness helpers
     # =========================================================================================
+    def guard_hash_seed(self) -> None:
+        """The trace followed a set's iteration order, which for strings depends on the
+        process's hash seed: a capture persisted on disk serves only processes with the same."""
+        probe = "ember: str hash order"
+        self.out.guards.add(f"hash({probe!r}) == {hash(probe)}")
+
     def iterate(self, v: Var) -> list[Var]:
         if isinstance(v, (TupleVar, ListVar)):
             return list(v.items)
@@ -1002,8 +1009,14 @@ class Tracer:
         if isinstance(v, DictVar):
             return [ConstVar(k) if not isinstance(k, Var) else k for k in v.items]
         if isinstance(v, SetVar):
-            return list(v.items)
+            items = v.ordered()
+            if any(isinstance(i, ConstVar) and isinstance(i.value, (str, bytes)) for i in items):
+                self.guard_hash_seed()
+            return items
         if isinstance(v, ConstVar):
+            if isinstance(v.value, (set, frozenset)) and \
+                    any(isinstance(x, (str, bytes)) for x in v.value):
+                self.guard_hash_seed()
             try:
                 return [self.const_result(x) if not isinstance(x, (torch.dtype,)) else ConstVar(x)
                         for x in v.value]

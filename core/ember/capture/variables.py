@@ -220,6 +220,22 @@ class SetVar(Var):
     def as_const(self) -> Any:
         return self.cls(i.as_const() for i in self.items)
 
+    def ordered(self) -> list[Var]:
+        """The items in the order Python iterates the real set (hash order, not insertion
+        order): a set of constants is rebuilt by the same insertions to read it."""
+        if (self.source is not None and not self.mutated) or \
+                not all(isinstance(i, ConstVar) for i in self.items):
+            return list(self.items)  # a real set's items were read in its own order
+        try:
+            real: set = set()
+            by_value = {}
+            for i in self.items:
+                real.add(i.value)
+                by_value.setdefault(i.value, i)
+            return [by_value[x] for x in real]
+        except TypeError:  # unhashable
+            return list(self.items)
+
 
 class IteratorVar(Var):
     """An iterator over already-known items (lists, ranges, zip, enumerate, dict views...)."""
