@@ -108,3 +108,57 @@ def test_persisted_capture_iterating_a_set_in_a_process_with_another_hash_seed(t
     ok = [json.loads(t) for t in results]
     assert all(a and b for a, b, _ in ok), ok
     assert ok[1][2] == 2  # the same hash seed: both captures were reused from disk
+
+
+# ------------------------------------------------------------------------------------------
+# one mutable object reached through two arguments
+
+
+class _Acc:
+    def __init__(self):
+        self.total = 0.0
+
+
+def _objs(x, a, c):
+    a.total += 1
+    c.total += 1
+    return x * a.total
+
+
+def _lists(x, l1, l2):
+    l1.append(1)
+    return x * len(l2)
+
+
+def _dicts(x, d1, d2):
+    d1["k"] = d1.get("k", 0) + 5
+    return x * d2.get("k", 1)
+
+
+def _nested(x, outer):
+    outer["a"].append(1)
+    return x * len(outer["b"])
+
+
+_ALIASED = {
+    "objects": (_objs, lambda: (_Acc(), _Acc()), lambda: (lambda o: (o, o))(_Acc())),
+    "lists": (_lists, lambda: ([], []), lambda: (lambda o: (o, o))([])),
+    "dicts": (_dicts, lambda: ({}, {}), lambda: (lambda o: (o, o))({})),
+    "nested": (_nested, lambda: ({"a": [], "b": []},),
+               lambda: (lambda o: ({"a": o, "b": o},))([])),
+}
+
+
+@pytest.mark.parametrize("first", ["distinct", "aliased"])
+@pytest.mark.parametrize("case", sorted(_ALIASED))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_one_object_through_two_arguments(case, first, backend):
+    fn, distinct, aliased = _ALIASED[case]
+    cf = ember.compile(fn, backend=backend)
+    order = (distinct, aliased, distinct, aliased) if first == "distinct" else \
+        (aliased, distinct, aliased)
+    for make in order:
+        mine, theirs = make(), make()
+        same(cf(torch.ones(1), *mine), fn(torch.ones(1), *theirs))
+        assert repr([getattr(o, "__dict__", o) for o in mine]) == \
+            repr([getattr(o, "__dict__", o) for o in theirs])

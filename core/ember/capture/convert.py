@@ -174,6 +174,20 @@ def _convert_frame(fn: Callable[..., Any], args: tuple, kwargs: dict, *, backend
         first = None
 
 
+def _distinct_mutables_guard(out: OutputGraph, tracer: Tracer) -> None:
+    """Lists, dicts, sets and plain objects of the call that were distinct objects while
+    tracing stay distinct, when the capture mutates one of them (``f(x, a, a)`` appending to
+    the first and reading the second must see the append)."""
+    objs = [v for v in tracer.mutable_by_id.values() if v.source is not None]
+    if len(objs) < 2:
+        return
+    mutated = {id(v) for v in out.mutated_containers}
+    mutated |= {id(p[0]) for k, p in out.side_effects if k == "setattr"}
+    if not any(id(v) in mutated for v in objs):
+        return
+    out.guards.add(f"len({{{', '.join(f'id({v.source})' for v in objs)}}}) == {len(objs)}")
+
+
 def _in_try_block(code: types.CodeType, offset: int) -> bool:
     """Is ``offset`` protected by a try/except or try/finally (not only by a `with` block)?"""
     import dis
@@ -313,6 +327,7 @@ def _capture_and_compile(out: OutputGraph, fn: Callable[..., Any], args: tuple, 
         out.guards.add(f"len({{{', '.join(f'id({s})' for s in srcs)}}}) == {len(srcs)}")
     for g in mutated_input_guards(out):  # a mutated input must not alias another input
         out.guards.add(g)
+    _distinct_mutables_guard(out, tracer)
     rec = Reconstructor(out)
     pre: list[str] = []  # values computed before any side effect is replayed
     tail: list[str] = []  # the break instruction and the return

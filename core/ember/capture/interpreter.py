@@ -10,6 +10,7 @@ user's file:line.
 from __future__ import annotations
 
 import contextlib
+import collections
 import dataclasses
 import dis
 import enum
@@ -96,6 +97,12 @@ def _plain_object(value: Any) -> bool:
 
 
 
+def _aliasable(value: Any) -> bool:
+    """A mutable object whose guard does not pin its identity (containers, plain objects)."""
+    return type(value) in (list, dict, set, collections.OrderedDict,
+                           collections.defaultdict) or _plain_object(value)
+
+
 def _is_model_output(cls: type) -> bool:
     return any(c.__name__ == "ModelOutput" for c in getattr(cls, "__mro__", ()))
 
@@ -125,6 +132,10 @@ class Tracer:
         self.owned_objects: set[int] = set()
         #: the cells a resume function received, by id of the real cell
         self.cells_by_id: dict[int, CellVar] = {}
+        #: mutable Python objects (lists, dicts, sets, plain objects) wrapped from the call's
+        #: state, by id: one object reached through two sources is one Var (see convert.py for
+        #: the guard that keeps distinct ones distinct when the capture mutates one)
+        self.mutable_by_id: dict[int, Var] = {}
 
     # =========================================================================================
     # Wrapping real values
@@ -139,8 +150,20 @@ class Tracer:
         cached = out.var_by_source.get(source)
         if cached is not None:
             return cached
+        aliasable = not isinstance(source, NamespaceRef) and _aliasable(value)
+        if aliasable:
+            prev = self.mutable_by_id.get(id(value))
+            if prev is not None and prev.source is not None:
+                # the same list/dict/object through another path: a mutation through one is
+                # seen through the other
+                if guard:
+                    out.guards.add(f"({source}) is ({prev.source})")
+                out.var_by_source[source] = prev
+                return prev
         v = self._wrap(value, source, guard)
         out.var_by_source[source] = v
+        if aliasable and isinstance(v, (ListVar, DictVar, SetVar, ObjectVar)):
+            self.mutable_by_id[id(value)] = v
         return v
 
     def _wrap(self, value: Any, source: Source, guard: bool) -> Var:
