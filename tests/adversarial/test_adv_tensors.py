@@ -254,3 +254,45 @@ def test_generator_state_read(backend):
     same(cf(torch.ones(1)), torch.full((1,), 3.0))
     g.manual_seed(11)
     same(cf(torch.ones(1)), torch.full((1,), 11.0))
+
+
+# ------------------------------------------------------------------------------------------
+# autograd metadata changed inside the compiled function
+
+
+@pytest.mark.parametrize("backend", ALL)
+def test_requires_grad_set_in_place_inside(backend):
+    def f(x):
+        x.requires_grad_()
+        return (x * 2).sum()
+
+    cf = ember.compile(f, backend=backend)
+    x = torch.ones(2)
+    r = cf(x)
+    assert x.requires_grad and r.requires_grad
+    r.backward()
+    same(x.grad, torch.full((2,), 2.0))
+
+
+@pytest.mark.parametrize("backend", ALL)
+def test_parameter_updated_under_no_grad_inside(backend):
+    a, b = nn.Linear(2, 2), nn.Linear(2, 2)
+    b.load_state_dict(a.state_dict())
+
+    def make(lin):
+        def f(x):
+            y = lin(x)
+            with torch.no_grad():
+                lin.weight.mul_(0.5)
+            return y
+        return f
+
+    cf, f = ember.compile(make(a), backend=backend), make(b)
+    x = torch.ones(1, 2)
+    for _ in range(3):
+        got, want = cf(x), f(x)
+        same(got, want)
+        same(a.weight, b.weight)
+        got.sum().backward()
+        want.sum().backward()
+        same(a.weight.grad, b.weight.grad)

@@ -79,8 +79,12 @@ def check_outputs(outs: Any, n: int, backend: str, graph: str, none_ok: bool = F
 def _copy_back(info: GraphInfo, inputs: Sequence[torch.Tensor],
                new_values: Sequence[torch.Tensor]) -> None:
     for i, v in zip(info.mutated, new_values):
-        if v.requires_grad and torch.is_grad_enabled():
-            inputs[i].copy_(v)
+        inp = inputs[i]
+        # A leaf that requires grad (a parameter) can only have been mutated under no_grad
+        # (eager refuses otherwise, and so did the trace): its update is not differentiable.
+        if v.requires_grad and torch.is_grad_enabled() and not (inp.is_leaf and
+                                                                inp.requires_grad):
+            inp.copy_(v)
         else:
             with torch.no_grad():
                 inputs[i].copy_(v)

@@ -85,7 +85,9 @@ TENSOR_GRAPH_ATTRS = {"T", "mT", "H", "mH", "real", "imag", "data"}
 #: Tensor methods that force a value out of the graph: a graph break.
 TENSOR_BREAK_METHODS = {"item", "tolist", "numpy", "__bool__", "__int__", "__float__",
                         "__index__", "data_ptr", "backward", "register_hook", "cpu_",
-                        "untyped_storage", "storage", "_typed_storage"}
+                        "untyped_storage", "storage", "_typed_storage",
+                        # autograd metadata of a tensor changed in place: AOT graphs drop it
+                        "requires_grad_", "retain_grad", "detach_"}
 
 #: Pure Python callables safe to evaluate on constant arguments at trace time.
 PURE_BUILTINS = {
