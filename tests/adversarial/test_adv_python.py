@@ -162,3 +162,43 @@ def test_one_object_through_two_arguments(case, first, backend):
         same(cf(torch.ones(1), *mine), fn(torch.ones(1), *theirs))
         assert repr([getattr(o, "__dict__", o) for o in mine]) == \
             repr([getattr(o, "__dict__", o) for o in theirs])
+
+
+# ------------------------------------------------------------------------------------------
+# graph breaks: what runs after the break belongs to the function being called
+
+
+def _factory(k):
+    def f(x):
+        y = x + 1
+        print(end="")  # a graph break: k is read only by the resume function
+        return y * k
+    return f
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_closures_of_one_factory_read_after_a_break(backend):
+    x = torch.ones(1)
+    f2, f3 = ember.compile(_factory(2.0), backend=backend), ember.compile(_factory(3.0),
+                                                                          backend=backend)
+    for _ in range(2):
+        same(f2(x), x * 4)
+        same(f3(x), x * 6)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_functions_sharing_code_with_other_globals_after_a_break(backend):
+    import types
+    g1 = {"print": print, "__builtins__": __builtins__}
+    code = compile("def h(x):\n    y = x + 1\n    print(end='')\n    return y * K\n", "<h>",
+                   "exec")
+    exec(code, g1)
+    g2 = dict(g1)
+    g1["K"], g2["K"] = 2.0, 5.0
+    h1 = g1["h"]
+    h2 = types.FunctionType(h1.__code__, g2)
+    c1, c2 = ember.compile(h1, backend=backend), ember.compile(h2, backend=backend)
+    x = torch.ones(1)
+    for _ in range(2):
+        same(c1(x), x * 4)
+        same(c2(x), x * 10)

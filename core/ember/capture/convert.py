@@ -519,6 +519,11 @@ def _resume_call(fn: Any, frame: Frame, rec: Reconstructor, snapshot: Callable[[
                      if c not in code.co_varnames]
     rcode = resume_mod.resume_code(code, offset, tuple(kinds), frozenset(unbound))
     rfn = resume_mod.make_function(rcode, fn)
+    # The resume function runs with this function's closure and globals: functions sharing
+    # the code object (one factory's closures) must not reach it through this entry.
+    out = rec.out
+    out.guards.add_first([f"{FN}.__globals__ is ___G"] + (
+        [f"{FN}.__closure__ is {out.ns(fn.__closure__, 'closure')}"] if fn.__closure__ else []))
     if compiled:
         from .frame import CompiledFunction
         target: Any = CompiledFunction(rfn, backend, options, dynamic=rec.out.policy.mode)
