@@ -557,7 +557,9 @@ class Reconstructor:
         if isinstance(v, SetVar):
             if not v.items:
                 return "set()"
-            return "{" + ", ".join(self.expr(i) for i in v.items) + "}"
+            # added one by one in the traced order, as the program built it: a set display of
+            # constants would be filled from a frozenset constant, in another hash order
+            return "set([" + ", ".join(self.expr(i) for i in v.items) + "])"
         if isinstance(v, DictVar):
             inner = ", ".join(f"{self.key_expr(k)}: {self.expr(val)}" for k, val in v.items.items())
             if v.cls is dict:
