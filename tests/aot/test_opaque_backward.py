@@ -182,6 +182,7 @@ def test_opaque_backward_through_the_aot_cache(tmp_path, monkeypatch) -> None:
     """The opaque node is self-describing (op name, JSON layout): a warm start rebuilds it."""
     monkeypatch.setattr(ember.config, "aot_cache", True)
     monkeypatch.setattr(ember.config, "cache_dir", str(tmp_path))
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))  # the variable wins over the config
     torch.manual_seed(0)
     m = MoE()
     x = torch.randn(9, 6, generator=torch.Generator().manual_seed(5))

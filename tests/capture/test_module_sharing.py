@@ -243,3 +243,44 @@ def test_layers_past_the_recompile_limit_get_entries_of_their_own():
         _same(f(x), m(x))
     assert _graphs() == after_two  # every layer has its entry now
     assert after_two >= 12
+
+
+_WARM = """
+import torch, ember
+from ember import events
+
+class Block(torch.nn.Module):
+    def __init__(self, s):
+        super().__init__()
+        torch.manual_seed(s)
+        self.lin = torch.nn.Linear(4, 4)
+    def forward(self, x):
+        return self.lin(x).relu()
+
+def step(m, x):
+    return m(x)
+
+f = ember.compile(step, backend="eager")
+x = torch.randn(2, 4)
+blocks = [Block(i) for i in range(4)]  # alive together (an entry dies with its module)
+with torch.no_grad():
+    for b in blocks:
+        assert torch.equal(f(b, x), b(x))
+print(events.counters["stats"]["graphs"], len(f.cache.entries) if hasattr(f, "cache") else -1)
+"""
+
+
+def test_warm_start_shares_as_a_cold_one(tmp_path, py):
+    """Cold and warm processes end with the same graphs: a first entry rebuilt from the on-disk
+    cache records its module argument as a traced one does (Frame._saw_modules), so the second
+    instance gets the shared graph, not one more specialized one. (tests/breaks/
+    test_nested_skip.py counted one graph too many on a warm cache before that.)"""
+    env = {"EMBER_CACHE_DIR": str(tmp_path / "cache")}
+    outs = []
+    for _ in range(2):
+        r = py(_WARM, env=env)
+        assert r.returncode == 0, r.stderr[-2000:]
+        outs.append(r.stdout.split())
+    cold, warm = outs
+    assert cold[0] == "2"       # the first instance, then one shared graph
+    assert warm[0] == "2"       # the rebuilt first entry, then one shared graph (traced)

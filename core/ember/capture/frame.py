@@ -417,6 +417,7 @@ class CompiledFunction:
         with _Compiling():
             entry = persist.load(self, args, kwargs, compile_graph) if persist.enabled() else None
             if entry is not None:
+                self._saw_modules(args)  # as a traced capture would have
                 return entry
             policy = self._policy(args, kwargs)
             try:
@@ -439,6 +440,16 @@ class CompiledFunction:
             if entry is not None and persist.enabled():
                 persist.save(self, entry, args, kwargs)
             return entry
+
+    def _saw_modules(self, args: tuple) -> None:
+        """Record the module arguments of an entry rebuilt without tracing, so that a second
+        instance makes the argument generic as after a traced first capture (see
+        ``FrameState.see_module``)."""
+        code = self.fn.__code__
+        state = self.cache.frame_state
+        for name, value in zip(code.co_varnames[:code.co_argcount], args):
+            if isinstance(value, _nn_module()):
+                state.see_module(name, value)
 
     def _policy(self, args: tuple, kwargs: dict) -> Any:
         """How this compile treats sizes (see ``output.DynamicPolicy``)."""
