@@ -15,7 +15,7 @@ python3 -m pip install -q --no-deps --no-build-isolation --no-index -e core -e p
 python3 -c "import torch, sys, transformers; print(sys.version, torch.__version__, transformers.__version__, torch.cuda.get_device_name())" | tee "$OUT/versions.txt"
 T=${T:-540}
 P="python3 -m pytest -q -p no:cacheprovider --timeout=400"
-( timeout $T $P tests/capture tests/breaks tests/core tests/aot tests/dynamic -n 5 >"$OUT/core.log" 2>&1; echo "rc=$?" >>"$OUT/core.log" ) &
+( timeout $T $P tests/capture tests/breaks tests/core tests/aot tests/dynamic tests/adversarial -n 5 >"$OUT/core.log" 2>&1; echo "rc=$?" >>"$OUT/core.log" ) &
 ( timeout $T $P tests/inductor tests/precompile tests/benchmarks -n 4 >"$OUT/inductor.log" 2>&1; echo "rc=$?" >>"$OUT/inductor.log" ) &
 ( timeout $T $P tests/hf -n 4 >"$OUT/hf.log" 2>&1; echo "rc=$?" >>"$OUT/hf.log" ) &
 # torch.compile's counts on this torch, in 3 shards (REGEN=0 skips)
