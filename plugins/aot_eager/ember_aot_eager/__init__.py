@@ -27,14 +27,14 @@ def compile_aot_eager(gm: Any, example_inputs: list[Any], **options: Any) -> Any
     so a traced ``view`` can fail at run time. A reshape is that same view whenever the view
     succeeds, and a copy where it would fail.
     """
-    if not any(n.op == "call_function" and n.target in _VIEWS for n in gm.graph.nodes):
-        return gm.forward
-    graph = torch.fx.Graph()
-    graph.output(graph.graph_copy(gm.graph, {}))
-    for n in graph.nodes:
-        if n.op == "call_function" and n.target in _VIEWS:
+    views = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in _VIEWS]
+    if views:
+        # In place, so that the callable stays ``gm.forward``: what precompile recognizes as
+        # "the graph as is" (ember.precompile emits the graph's own source).
+        for n in views:
             n.target = torch.ops.aten.reshape.default
-    return torch.fx.GraphModule(gm, graph).forward
+        gm.recompile()
+    return gm.forward
 
 
 _VIEWS = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default)
