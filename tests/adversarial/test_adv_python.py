@@ -15,13 +15,6 @@ W = {"alpha": 1.0, "beta": 2.0, "gamma": 3.0, "delta": 4.0, "eps": 5.0}
 NAMES = {"alpha", "beta", "gamma", "delta", "eps"}
 
 
-@pytest.fixture(autouse=True)
-def _fresh():
-    ember.reset()
-    yield
-    ember.reset()
-
-
 def same(a, b):
     torch.testing.assert_close(a, b, equal_nan=True, rtol=1e-4, atol=1e-5)
 

@@ -15,13 +15,6 @@ BACKENDS = ["eager", "aot_eager"]
 ALL = ["eager", "aot_eager", "inductor"]
 
 
-@pytest.fixture(autouse=True)
-def _fresh():
-    ember.reset()
-    yield
-    ember.reset()
-
-
 def same(a, b):
     torch.testing.assert_close(a, b, equal_nan=True, rtol=1e-4, atol=1e-5)
 

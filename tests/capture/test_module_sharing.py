@@ -150,9 +150,9 @@ def test_inference_graph_context_marks_shared_parameters_unstable():
 
     f = ember.compile(_step, backend=ember.Backend(name="sharing_ctx", compile=compile_fn))
     x = torch.randn(2, 4)
+    blocks = [Block(i) for i in range(3)]  # alive together: the first is not replaced
     with torch.no_grad():
-        for i in range(3):
-            b = Block(i)
+        for b in blocks:
             _same(f(b, x), b(x))
     assert len(seen) == 2
     first, shared = seen
@@ -284,3 +284,25 @@ def test_warm_start_shares_as_a_cold_one(tmp_path, py):
     cold, warm = outs
     assert cold[0] == "2"       # the first instance, then one shared graph
     assert warm[0] == "2"       # the rebuilt first entry, then one shared graph (traced)
+
+
+def test_models_made_one_after_another_are_each_specialized():
+    """A sweep: each model dropped before the next is made. The first one's entry dies with it,
+    and the next one is specialized on (stable, foldable parameters), not shared."""
+    import gc
+
+    seen = []
+
+    def compile_fn(gm, example_inputs, *, context=None, **options):
+        seen.append({i.stable_address for i in context.inputs if i.kind == "parameter"})
+        return gm.forward
+
+    f = ember.compile(_step, backend=ember.Backend(name="sharing_sweep", compile=compile_fn))
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        for i in range(3):
+            b = Block(i)
+            _same(f(b, x), b(x))
+            del b
+            gc.collect()
+    assert seen == [{True}] * 3

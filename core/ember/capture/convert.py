@@ -185,7 +185,12 @@ def _distinct_mutables_guard(out: OutputGraph, tracer: Tracer) -> None:
     mutated |= {id(p[0]) for k, p in out.side_effects if k == "setattr"}
     if not any(id(v) in mutated for v in objs):
         return
-    out.guards.add(f"len({{{', '.join(f'id({v.source})' for v in objs)}}}) == {len(objs)}")
+    out.guards.add(_distinct_guard([v.source for v in objs]))
+
+
+def _distinct_guard(sources: list[Any]) -> str:
+    """The objects at ``sources`` are distinct objects."""
+    return f"len({{{', '.join(f'id({s})' for s in sources)}}}) == {len(sources)}"
 
 
 def _in_try_block(code: types.CodeType, offset: int) -> bool:
@@ -323,8 +328,7 @@ def _capture_and_compile(out: OutputGraph, fn: Callable[..., Any], args: tuple, 
         set_global_state(state)
 
     if len(out.arg_tensor_sources) > 1:
-        srcs = out.arg_tensor_sources
-        out.guards.add(f"len({{{', '.join(f'id({s})' for s in srcs)}}}) == {len(srcs)}")
+        out.guards.add(_distinct_guard(out.arg_tensor_sources))
     for g in mutated_input_guards(out):  # a mutated input must not alias another input
         out.guards.add(g)
     _distinct_mutables_guard(out, tracer)

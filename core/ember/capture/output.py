@@ -134,7 +134,8 @@ class FrameState:
         specialized on (guarded by identity: its parameters are constants of the entry, which
         inductor may freeze); once another instance of the same class comes, that argument is
         guarded by class and structure from then on, its parameters graph inputs, so every
-        instance shares one graph (the layers of a model, the experts of a mixture)."""
+        instance shares one graph (the layers of a model, the experts of a mixture). Models
+        made one after another, each dropped before the next (a sweep), are each specialized."""
         import weakref
 
         source = str(source)
@@ -148,7 +149,12 @@ class FrameState:
                 return False
             self.modules[source] = (ref, type(module))
             return False
-        if seen[0]() is module:
+        first = seen[0]()
+        if first is module:
+            return False
+        if first is None:
+            # the first instance died, and its entries with it: specialize on this one instead
+            self.modules[source] = (weakref.ref(module), type(module))
             return False
         self.module_generic.add(source)
         return True
