@@ -4,10 +4,12 @@
 #   1. .venv from python3 (3.11 or 3.12; override with PYTHON=/path/to/python)
 #   2. torch==2.13.0 FIRST: anything torch-dependent installed before it would pull a
 #      multi-GB CUDA build of torch instead of the CPU build this project pins
-#   3. ember (core) and the four first-party plugins, editable
+#   3. ember (core) and every first-party plugin under plugins/ (each folder with a
+#      pyproject.toml), editable, with the dependencies their pyprojects declare
 #   4. test and benchmark tools: pytest, hypothesis, transformers (pinned: tests/hf/oracle.json
 #      holds torch.compile's graph counts for that version), matplotlib, pytest-timeout,
-#      expecttest (torch.testing._internal, imported by the OpInfo sweep, needs it)
+#      expecttest (torch.testing._internal, imported by the OpInfo sweep, needs it), triton
+#      (the inductor GPU target's code generator, run on the CPU by its interpreter in tests)
 #
 # A stamp in .venv records what was installed; a second run with unchanged inputs does nothing.
 set -euo pipefail
@@ -19,7 +21,8 @@ VENV="$ROOT/.venv"
 VPY="$VENV/bin/python"
 STAMP="$VENV/.ember-setup-stamp"
 TORCH_VERSION="2.13.0"
-TEST_DEPS=(pytest hypothesis "transformers==5.24.0" matplotlib pytest-timeout expecttest)
+TEST_DEPS=(pytest hypothesis "transformers==5.24.0" matplotlib pytest-timeout expecttest
+           "triton==3.9.0")
 
 log() { echo "[setup] $*" >&2; }
 
@@ -58,8 +61,11 @@ fi
 # setuptools/wheel in the venv: the tests pip-install fixture plugins with --no-build-isolation.
 log "installing build tools, ember and its plugins (editable)"
 pip install --upgrade "setuptools>=61" wheel
-pip install -e ./core -e ./plugins/eager -e ./plugins/aot_eager -e ./plugins/inductor \
-    -e ./plugins/cudagraphs
+editables=(-e ./core)
+for d in plugins/*/; do
+    [ -f "$d/pyproject.toml" ] && editables+=(-e "./${d%/}")
+done
+pip install "${editables[@]}"
 
 log "installing test tools: ${TEST_DEPS[*]}"
 pip install "${TEST_DEPS[@]}"
