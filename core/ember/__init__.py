@@ -15,7 +15,7 @@ from .api import mark_dynamic, mark_static
 from .context import CompileContext
 from .exc import (BackendCompilerFailed, BackendConflict, BackendLoadError, BackendNotFound,
                   EmberError, GraphBreakError, InferenceOnlyBackend, NotImplementedYet,
-                  Unsupported)
+                  UnknownOption, Unsupported)
 from .hookspecs import hookimpl
 from .plugins import Backend, get_backend, list_backends, register_backend
 from . import precompile  # a callable module: ember.precompile(fn, ...), ember.precompile.load
@@ -27,7 +27,7 @@ __all__ = [
     "get_backend", "Backend", "hookimpl", "OptimizedModule", "config", "set_logs",
     "EmberError", "BackendNotFound", "BackendLoadError", "BackendConflict", "BackendCompilerFailed",
     "Unsupported", "GraphBreakError", "NotImplementedYet", "InferenceOnlyBackend", "allow_in_graph", "explain",
-    "CompileContext", "precompile",
+    "CompileContext", "precompile", "UnknownOption",
 ]
 __all__ += ["mark_dynamic", "mark_static", "DynamicShapeError"]
 

@@ -7,7 +7,7 @@ import argparse
 import sys
 from typing import Any, Sequence
 
-__all__ = ["main", "format_table"]
+__all__ = ["main", "format_table", "format_options"]
 
 _COLUMNS = (("name", "BACKEND"), ("provider", "DISTRIBUTION"), ("level", "LEVEL"),
             ("training", "TRAINING"), ("devices", "DEVICES"), ("tags", "TAGS"),
@@ -31,6 +31,25 @@ def format_table(rows: Sequence[dict[str, Any]], *, describe: bool = False) -> s
     return "\n".join([line(header)] + [line(c) for c in cells])
 
 
+def format_options(rows: Sequence[dict[str, Any]]) -> str:
+    """Each usable backend's options (``ember.compile(options={...})``), one per line."""
+    from .plugins import get_backend
+
+    out = []
+    for r in rows:
+        if r["status"] != "ok":
+            continue
+        accepted = get_backend(r["name"]).accepted_options()
+        out.append(f"\n{r['name']}:")
+        if accepted is None:
+            out.append("  (not declared: the backend takes any option)")
+        elif not accepted:
+            out.append("  (no options)")
+        for k, doc in sorted((accepted or {}).items()):
+            out.append(f"  {k:<24} {doc}".rstrip())
+    return "\n".join(out)
+
+
 def _cmd_backends(args: argparse.Namespace) -> int:
     from .plugins import backend_table
 
@@ -40,6 +59,8 @@ def _cmd_backends(args: argparse.Namespace) -> int:
               "tree) or another ember plugin package")
         return 1
     print(format_table(rows, describe=args.describe))
+    if args.options:
+        print(format_options(rows))
     failed = [r for r in rows if r["status"] != "ok"]
     if failed:
         print(f"\n{len(failed)} backend(s) or plugin(s) cannot be used; see LOADS above.",
@@ -120,6 +141,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("backends", help="list every installed backend and whether it loads")
     p.add_argument("-d", "--describe", action="store_true", help="add a description column")
+    p.add_argument("--options", action="store_true",
+                   help="also list each backend's options (ember.compile(options={...}))")
     p.set_defaults(func=_cmd_backends)
     p = sub.add_parser("demo", help="compile the bundled model; print correctness and speed")
     p.add_argument("--backend", action="append", help="backend to run (repeatable); default: "

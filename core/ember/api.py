@@ -108,6 +108,7 @@ def compile(model: Any = None, *, backend: str | Callable[..., Any] | Backend = 
     _check_python()
     be = get_backend(backend)  # unknown names fail here, at compile(), with the list of backends
     opts = dict(options or {})
+    be.check_options(opts)  # and unknown options, naming close matches and the valid keys
     if mode is not None:
         opts["mode"] = mode
     from .capture.frame import CompiledFunction

@@ -12,6 +12,7 @@ __all__ = [
     "GraphBreakError",
     "NotImplementedYet",
     "InferenceOnlyBackend",
+    "UnknownOption",
 ]
 
 
@@ -37,6 +38,10 @@ class BackendCompilerFailed(EmberError):
 
 class InferenceOnlyBackend(EmberError):
     """An inference-only backend was given a graph that needs gradients."""
+
+
+class UnknownOption(EmberError, ValueError):
+    """``options=`` names an option the chosen backend does not take."""
 
 
 class NotImplementedYet(EmberError, NotImplementedError):

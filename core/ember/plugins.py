@@ -19,12 +19,13 @@ import difflib
 import inspect
 import logging
 import threading
+import types
 from typing import Any, Callable, Iterable, Mapping
 
 import pluggy
 
 from . import hookspecs
-from .exc import BackendConflict, BackendLoadError, BackendNotFound
+from .exc import BackendConflict, BackendLoadError, BackendNotFound, UnknownOption
 
 try:  # the backport is a declared dependency; the stdlib module is a fallback with the same API
     import importlib_metadata as metadata
@@ -91,6 +92,11 @@ class Backend:
     plugin: str = ""
     distribution: str = ""
     version: str = ""
+    #: Every option ``compile`` reads: name -> one-line description. ``ember.compile(options=)``
+    #: refuses any other key (``mode`` is always allowed). ``None``: not declared; then the
+    #: keyword parameters of ``compile`` are the options, or anything goes if it takes
+    #: ``**options`` (backends written before this field existed keep working).
+    options: Mapping[str, str] | None = dataclasses.field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -104,6 +110,8 @@ class Backend:
         for f in ("devices", "tags"):
             v = getattr(self, f)
             object.__setattr__(self, f, (v,) if isinstance(v, str) else tuple(v))
+        if self.options is not None:
+            object.__setattr__(self, "options", types.MappingProxyType(dict(self.options)))
         from .context import accepts_context
         object.__setattr__(self, "_accepts_context", accepts_context(self.compile))
 
@@ -111,6 +119,41 @@ class Backend:
     def accepts_context(self) -> bool:
         """Does ``compile`` declare a ``context`` parameter (so Ember passes ``context=``)?"""
         return self.__dict__["_accepts_context"]
+
+    def accepted_options(self) -> Mapping[str, str] | None:
+        """The options this backend takes (name -> description), or None when it cannot be
+        known (an undeclared ``compile`` that takes ``**options``)."""
+        if self.options is not None:
+            return self.options
+        fn = getattr(self.compile, "__wrapped__", self.compile)
+        try:
+            params = list(inspect.signature(fn).parameters.values())
+        except (TypeError, ValueError):
+            return None
+        if any(p.kind is p.VAR_KEYWORD for p in params):
+            return None
+        named = [p for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        named = [p for p in named if p.kind is p.KEYWORD_ONLY] + \
+            [p for p in named if p.kind is p.POSITIONAL_OR_KEYWORD][2:]  # after gm, inputs
+        return {p.name: "" for p in named if p.name != "context"}
+
+    def check_options(self, options: Mapping[str, Any], caller: str = "ember.compile") -> None:
+        """Raise :class:`ember.UnknownOption` for a key this backend does not take."""
+        accepted = self.accepted_options()
+        if accepted is None:
+            return
+        for key in options:
+            if key == "mode" or key in accepted:
+                continue
+            valid = sorted(accepted)
+            close = difflib.get_close_matches(str(key), valid, n=3, cutoff=0.6)
+            hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
+            listing = (f"Its options: {', '.join(valid)}." if valid else
+                       "It takes no options.")
+            raise UnknownOption(
+                f"{caller}: backend {self.name!r} ({self.provider}) has no option "
+                f"{key!r}.{hint} {listing} `python -m ember backends --options` describes "
+                "each backend's options.")
 
     def get_decompositions(self) -> Mapping[Any, Any]:
         d = self.decompositions

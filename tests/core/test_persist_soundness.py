@@ -161,7 +161,7 @@ CASES = {
                       "undo = 'torch.set_default_dtype(torch.float32)'"),
     "ember_disable": ("ember.disable(pm_helper.act, recursive=False)\n"
                       "undo = 'ember.reset(); frame._disabled.clear()'"),
-    "backend_options": "options = {'unused_option': 1}",
+    "backend_options": "options = {'mode': 'max-autotune'}",
     "torch_version": ("old = torch.__version__\ntorch.__version__ = '0.0.1'\n"
                       "undo = 'torch.__version__ = old'"),
     "closure_value": "fn = pm_helper.make_scaler(5.0)",

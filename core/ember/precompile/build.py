@@ -711,6 +711,7 @@ def precompile(fn: Any, *example_inputs: Any, backend: str | Backend = "aot_eage
     _check_python()
     be = get_backend(backend)
     options = dict(options or {})
+    be.check_options(options, "ember.precompile")
     if inspect.ismethod(fn) and isinstance(fn.__self__, torch.nn.Module):
         # model.forward (or another method of a module): the module is the first argument
         # of the loaded callable, as for a module passed as fn.

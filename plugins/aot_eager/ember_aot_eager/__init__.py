@@ -44,4 +44,4 @@ _VIEWS = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default)
 def ember_backends() -> list[ember.Backend]:
     return [ember.Backend(name="aot_eager", compile=compile_aot_eager, level="aten",
                           decompositions=None,
-                          description="AOT autograd, then the ATen graphs run as is")]
+                          description="AOT autograd, then the ATen graphs run as is", options={})]

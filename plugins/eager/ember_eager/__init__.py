@@ -14,4 +14,4 @@ def compile_eager(gm: Any, example_inputs: list[Any], **options: Any) -> Any:
 @ember.hookimpl
 def ember_backends() -> list[ember.Backend]:
     return [ember.Backend(name="eager", compile=compile_eager, level="torch",
-                          description="runs the captured torch-level graph as is")]
+                          description="runs the captured torch-level graph as is", options={})]

@@ -30,8 +30,25 @@ def _decompositions() -> Any:
     return decompositions()
 
 
+#: Every option ``compile_inductor`` reads (``ember.compile(options=...)`` refuses others).
+OPTIONS = {
+    "freezing": "fold parameter-only computation of inference graphs once (default True)",
+    "freezing_check": "how folded parameters are checked per call: 'content' (default) or "
+                      "'version' (cheaper; misses .data writes)",
+    "fold_conv_bn": "fold BatchNorm into the convolution before it: 'auto' (default), "
+                    "'always', or False",
+    "layout_opt": "channels-last activations in graphs with convolutions (default True)",
+    "layout_weights": "also copy convolution weights channels-last: 'none' (default), "
+                      "'backward', 'all'",
+    "onednn_linear": "linear layers through oneDNN: 'auto' (default), True, False",
+    "buffer_pool": "keep large internal buffers allocated between calls (default True)",
+    "buffer_pool_min_bytes": "smallest buffer the pool keeps (default 4 MiB)",
+}
+
+
 @ember.hookimpl
 def ember_backends() -> list[ember.Backend]:
     return [ember.Backend(name="inductor", compile=compile_inductor, level="aten",
                           decompositions=_decompositions, devices=("cpu",),
-                          description="lowering + fusion + C++/OpenMP codegen (CPU)")]
+                          description="lowering + fusion + C++/OpenMP codegen (CPU)",
+                          options=OPTIONS)]
