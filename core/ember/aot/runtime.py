@@ -14,6 +14,7 @@ The compiled graphs are functional. Around them the runtime
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any, Callable, Sequence
 
 import torch
@@ -24,6 +25,8 @@ from .._views import input_alias, output_alias, view_of  # noqa: F401  (view_of:
 from .analysis import GraphInfo
 
 __all__ = ["ForwardOnly", "Training", "DoubleBackwardError"]
+
+log = logging.getLogger("ember.aot")
 
 
 class DoubleBackwardError(EmberError):
@@ -59,21 +62,41 @@ def _regenerate(info: GraphInfo, inputs: Sequence[Any], graph_outs: Sequence[Any
 
 
 def check_outputs(outs: Any, n: int, backend: str, graph: str, none_ok: bool = False,
-                  ints: frozenset[int] = frozenset()) -> None:
+                  ints: frozenset[int] = frozenset(), nones: range | frozenset[int] = frozenset()
+                  ) -> None:
     """A compiled ATen graph must return a tuple/list of ``n`` tensors (checked on its first call):
     anything else would be indexed into a wrong answer or a bare IndexError. Positions in ``ints``
-    are sizes (dynamic shapes): an int (or float/bool) there."""
-    ok = isinstance(outs, (tuple, list)) and len(outs) == n and all(
-        isinstance(o, torch.Tensor) or (none_ok and o is None)
-        or (k in ints and isinstance(o, (int, float, bool, torch.SymInt)))
-        for k, o in enumerate(outs))
-    if not ok:
-        what = (f"{type(outs).__name__} of {len(outs)}: "
-                f"[{', '.join(type(o).__name__ for o in list(outs)[:8])}]"
-                if isinstance(outs, (tuple, list)) else type(outs).__name__)
+    are sizes (dynamic shapes): an int (or float/bool) there. Positions in ``nones`` (or all, with
+    ``none_ok``) may be None: values saved for the backward that an op left undefined (an optional
+    result such as ``mkldnn_rnn_layer``'s workspace, a tensor when traced, None when run)."""
+    if not isinstance(outs, (tuple, list)) or len(outs) != n:
+        what = (f"{type(outs).__name__} of {len(outs)}" if isinstance(outs, (tuple, list))
+                else type(outs).__name__)
         raise BackendCompilerFailed(
             f"backend {backend!r}: the callable it compiled for the {graph} graph returned {what}; "
             f"expected a tuple or list of {n} tensors (what the graph returns)")
+    bad = [k for k, o in enumerate(outs)
+           if not (isinstance(o, torch.Tensor) or (o is None and (none_ok or k in nones))
+                   or (k in ints and isinstance(o, (int, float, bool, torch.SymInt))))]
+    if bad:
+        where = ", ".join(f"{k}: {type(outs[k]).__name__}" for k in bad[:8])
+        raise BackendCompilerFailed(
+            f"backend {backend!r}: the callable it compiled for the {graph} graph returned "
+            f"{len(outs)} values, not all tensors (position {where}); expected a tuple or list "
+            f"of {n} tensors (what the graph returns)")
+
+
+def _fall_back(error: BackendCompilerFailed, graph: Any, what: str) -> Callable[..., Any]:
+    """A compiled graph's first result failed :func:`check_outputs`: with
+    ``ember.config.suppress_errors`` (the default) the ATen graph itself runs from now on
+    (correct, not compiled), with the reason logged once; otherwise the error propagates."""
+    from .. import config
+
+    if graph is None or not config.suppress_errors:
+        raise error
+    log.warning("ember: %s; running the %s graph's ATen ops as they are instead (set "
+                "ember.config.suppress_errors = False to raise)", error, what)
+    return graph.forward
 
 
 def _copy_back(info: GraphInfo, inputs: Sequence[torch.Tensor],
@@ -121,8 +144,13 @@ class ForwardOnly:
             outs = self.fw(*inputs)
         n = len(self.info.graph_out_flat)
         if not self.checked:
-            check_outputs(outs, n + len(self.info.mutated), self.backend, "inference",
-                          ints=self.info.graph_out_sym)
+            try:
+                check_outputs(outs, n + len(self.info.mutated), self.backend, "inference",
+                              ints=self.info.graph_out_sym)
+            except BackendCompilerFailed as e:
+                self.fw = _fall_back(e, self.graph, "inference")
+                with _no_autocast():
+                    outs = self.fw(*inputs)
             self.checked = True
         if self.info.meta_mutated:  # first: the new values have the new shapes
             _apply_metadata(self.info, inputs)
@@ -165,17 +193,28 @@ class Training:
                 grad_deps[pos] = frozenset(tangent_of[k] for k in primal_reaches[i]
                                            if k in tangent_of)
         # The backward graph is compiled once; bw_compile returns the callable.
+        self._fw = fw
         self._bw: Callable[..., Any] | None = None
         self._bw_compile = bw_compile
+        saved_pos = range(self.n_fwd, self.n_fwd + n_saved)
 
         class CompiledFunction(torch.autograd.Function):
             @staticmethod
             def forward(ctx: Any, *inputs: torch.Tensor) -> Any:
                 with _no_autocast():
-                    outs = fw(*inputs)
+                    outs = runtime._fw(*inputs)
                 if not runtime._fw_checked:
-                    check_outputs(outs, runtime.n_fwd + n_saved_all, runtime.backend,
-                                  "forward", ints=int_outs)
+                    try:
+                        check_outputs(outs, runtime.n_fwd + n_saved_all, runtime.backend,
+                                      "forward", ints=int_outs, nones=saved_pos)
+                    except BackendCompilerFailed as e:
+                        # the compiled backward may expect the compiled forward's layouts:
+                        # both run as ATen graphs from now on
+                        part = runtime.partition
+                        runtime._fw = _fall_back(e, getattr(part, "fw", None), "forward")
+                        runtime._bw = part.bw.forward
+                        with _no_autocast():
+                            outs = runtime._fw(*inputs)
                     runtime._fw_checked = True
                 fwd, saved = outs[:runtime.n_fwd], outs[runtime.n_fwd:runtime.n_fwd + n_saved]
                 ctx.save_for_backward(*saved)
@@ -220,8 +259,15 @@ class Training:
                 with _no_autocast():
                     gin = runtime._bw(*saved, *getattr(ctx, "saved_sizes", ()), *tangents)
                 if not runtime._bw_checked:
-                    check_outputs(gin, len(runtime.rg_idx), runtime.backend, "backward",
-                                  none_ok=True)
+                    try:
+                        check_outputs(gin, len(runtime.rg_idx), runtime.backend, "backward",
+                                      none_ok=True)
+                    except BackendCompilerFailed as e:
+                        part = runtime.partition
+                        runtime._bw = _fall_back(e, getattr(part, "bw", None), "backward")
+                        with _no_autocast():
+                            gin = runtime._bw(*saved, *getattr(ctx, "saved_sizes", ()),
+                                              *tangents)
                     runtime._bw_checked = True
                 result: list[Any] = [None] * n_inputs
                 for i, g, d in zip(runtime.rg_idx, gin, grad_deps):

@@ -47,6 +47,28 @@ def base_decompositions() -> dict[Any, Callable[..., Any]]:
     return {op: decomposition_table[op] for op in ops if op in decomposition_table}
 
 
+class _RnnWithoutMkldnn(torch.overrides.TorchFunctionMode):
+    """Training traces record RNNs (``torch._VF.lstm``/``gru``/``rnn_*``) in their matmul and
+    pointwise form, not as oneDNN's ``mkldnn_rnn_layer``: that kernel makes the workspace its
+    backward needs only when grad mode is on, and a compiled forward runs under no_grad, so the
+    saved workspace would be None (nn.LSTM training failed in its backward)."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+                           ) -> Any:
+        kwargs = kwargs or {}
+        if func not in _RNN_FUNCS:
+            return func(*args, **kwargs)
+        was = torch._C._get_mkldnn_enabled()
+        torch._C._set_mkldnn_enabled(False)
+        try:
+            return func(*args, **kwargs)
+        finally:
+            torch._C._set_mkldnn_enabled(was)
+
+
+_RNN_FUNCS = frozenset(getattr(torch._VF, n) for n in ("lstm", "gru", "rnn_tanh", "rnn_relu"))
+
+
 def _user_tensors(gm: torch.fx.GraphModule, xs: Sequence[torch.Tensor]) -> list[Any]:
     flat, _ = pytree.tree_flatten(gm(*xs))
     return flat
@@ -195,7 +217,7 @@ def trace_joint(gm: Any, tensors: Sequence[Any], requires_grad: Sequence[bool], 
 
     all_fakes = list(fakes) + tangents
     # a custom op whose Python backward cannot be traced (data-dependent) runs it opaque
-    with mode, opaque_custom_backwards(mode.shape_env) as ignored:
+    with mode, opaque_custom_backwards(mode.shape_env) as ignored, _RnnWithoutMkldnn():
         g1 = _make_fx(joint, table, symbolic)(*all_fakes)
         if fallen_back():
             # the abandoned backward traces left ops nothing uses (reads of tensor values)
