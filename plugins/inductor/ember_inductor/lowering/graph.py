@@ -144,6 +144,35 @@ class GraphLowering:
                 stride = dense_stride(shape, [to_stride(s) for s in meta.stride()])
         return self.realize(value, stride)
 
+    def _meta_strides(self, value: IRNode, meta: Any) -> IRNode:
+        """A graph output in exactly its metadata's strides (size-1 dims aside): a copy when the
+        lowering stored it otherwise (a slice of a stored value, a value stored for another
+        consumer). A training forward's saved activations are read by its backward, compiled
+        from the same metadata, at those strides: a dense copy of a strided slice would be read
+        past its end."""
+        if not isinstance(value, (Buffer, ReinterpretView)) or not isinstance(meta, torch.Tensor):
+            return value
+        if meta.layout != torch.strided:
+            return value
+        lay = value.layout
+        try:
+            size = [int(s) for s in meta.shape]
+            want = [int(s) for s in meta.stride()]
+            have = [int(s) for s in lay.stride]
+            if [int(s) for s in lay.size] != size:
+                return value
+        except TypeError:  # symbolic: dense layouts only (realize_like_meta)
+            return value
+        if all(h == w for n, h, w in zip(size, have, want) if n != 1):
+            return value
+        key = (value.storage().name, tuple(have), str(lay.offset), tuple(want))
+        done = self._layout_copies.get(key)
+        if done is None:
+            src = Pointwise(value.device, value.dtype, list(value.get_size()),
+                            value.make_loader(), 1, origins=["output_strides"])
+            done = self._layout_copies[key] = self.realize(src, want)
+        return done
+
     # -- fallback ----------------------------------------------------------------------------
     def fallback(self, op: Any, args: Sequence[Any], kwargs: dict[str, Any],
                  kind: str | None = None) -> Any:
@@ -269,6 +298,8 @@ class GraphLowering:
                         v = self._layout_output(pos, v, o.meta.get("val"))
                     else:
                         v = self.realize_like_meta(v, o.meta.get("val"))
+                    if not (self.layout_plan is not None and pos in self.layout_plan.keep_outputs):
+                        v = self._meta_strides(v, o.meta.get("val"))
                 self.outputs.append(v)
             return None
         if node.op != "call_function":
