@@ -34,3 +34,24 @@ def test_output_has_the_strides_of_its_metadata() -> None:
     got = compile_strict(f)(x)
     torch.testing.assert_close(got, f(x))
     assert got.stride() == f(x).stride()
+
+
+def test_sinking_many_nodes_before_one_user_keeps_the_graph_ordered() -> None:
+    # layout.sink_pure_nodes moves each pure node to just before its first user, numbering moved
+    # nodes by midpoints: as floats, ~50 moves before one node made ties, a node was moved past
+    # one of its users and lowering failed (BEiT's training graph: "KeyError: where_4")
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from ember_inductor.layout import sink_pure_nodes
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        v = x * 3
+        w = x * 2
+        return torch.stack([w + v, w - v] + [w + i for i in range(2, 80)])
+
+    gm = make_fx(f)(torch.randn(4))
+    assert sink_pure_nodes(gm) > 50
+    gm.graph.lint()  # every node after its inputs
+    gm.recompile()
+    x = torch.randn(4)
+    torch.testing.assert_close(gm(x), f(x))

@@ -36,6 +36,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
+from fractions import Fraction
 from typing import Any, Callable, Sequence
 
 import torch
@@ -207,7 +208,10 @@ def sink_pure_nodes(gm: torch.fx.GraphModule) -> int:
         schema = getattr(n.target, "_schema", None) if n.op == "call_function" else None
         if schema is not None and schema.is_mutable:
             return 0  # a write inside the graph: moving a read past it could change its value
-    order = {n: i for i, n in enumerate(nodes)}
+    # positions as exact fractions: a moved node takes the midpoint of its new neighbours, and
+    # floats run out of bits after ~50 moves before one node (ties, then a node moved past a
+    # user: BEiT's backward, "where_4 used before it has been defined")
+    order: dict[Any, Fraction] = {n: Fraction(i) for i, n in enumerate(nodes)}
     moved = 0
     for n in reversed(nodes):
         if (n.op != "call_function" or not n.users or n.target not in LOWERINGS
@@ -220,7 +224,8 @@ def sink_pure_nodes(gm: torch.fx.GraphModule) -> int:
         if first.op == "output" or order[first] == order[n] + 1:
             continue
         first.prepend(n)
-        order[n] = (order[n.prev] + order[first]) / 2 if n.prev.op != "root" else -1.0
+        order[n] = ((order[n.prev] + order[first]) / 2 if n.prev.op != "root"
+                    else order[first] - 1)
         moved += 1
     return moved
 
