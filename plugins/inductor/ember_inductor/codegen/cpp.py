@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import struct
 from typing import Any, Sequence
 
 import sympy
@@ -58,8 +59,8 @@ static inline float e_floor(float a) { return __builtin_floorf(a); }
 static inline double e_floor(double a) { return __builtin_floor(a); }
 static inline float e_copysign(float a, float b) { return __builtin_copysignf(a, b); }
 static inline double e_copysign(double a, double b) { return __builtin_copysign(a, b); }
-template <class T> static inline T e_max(T a, T b) { return (a != a || a > b) ? a : b; }
-template <class T> static inline T e_min(T a, T b) { return (a != a || a < b) ? a : b; }
+template <class T> static inline T e_max(T a, T b) { return (a != a || a >= b) ? a : b; }
+template <class T> static inline T e_min(T a, T b) { return (a != a || a <= b) ? a : b; }
 template <class T> static inline bool e_gt(T v, T a) { return v > a || (v != v && a == a); }
 template <class T> static inline bool e_lt(T v, T a) { return v < a || (v != v && a == a); }
 template <class T> static inline T e_floordiv_f(T a, T b) {
@@ -162,6 +163,20 @@ def compute_type(dtype: torch.dtype) -> str:
     return STORAGE_TYPE[dtype]
 
 
+def _nan_literal(v: float, ct: str) -> str:
+    """A NaN with eager's bits: its sign and payload survive (``torch.full(..., -nan)``), as a
+    scalar converted to the compute type does in eager."""
+    if ct == "float":
+        bits = torch.tensor([v], dtype=torch.float32).view(torch.int32).item() & 0xFFFFFFFF
+        if bits == 0x7FC00000:
+            return '__builtin_nanf("")'
+        return f"__builtin_bit_cast(float, {bits:#x}u)"
+    bits = struct.unpack("<Q", struct.pack("<d", v))[0]
+    if bits == 0x7FF8000000000000:
+        return '__builtin_nan("")'
+    return f"__builtin_bit_cast(double, {bits:#x}ull)"
+
+
 def literal(value: Any, dtype: torch.dtype) -> str:
     ct = compute_type(dtype)
     if dtype == torch.bool:
@@ -170,7 +185,7 @@ def literal(value: Any, dtype: torch.dtype) -> str:
         v = float(value)
         suffix = "f" if ct == "float" else ""
         if math.isnan(v):
-            return f"__builtin_nan{suffix}(\"\")"
+            return _nan_literal(v, ct)
         if math.isinf(v):
             return f"{'-' if v < 0 else ''}__builtin_inf{suffix}()"
         return f"{v!r}{suffix}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import operator
+import struct
 from typing import Any, Sequence
 
 import sympy
@@ -390,10 +391,12 @@ class GraphLowering:
                 return ("dict",) + tuple(sorted((k, conv(v)) for k, v in a.items()))
             if isinstance(a, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
                 return str(a)
-            if isinstance(a, float) and a != a:
-                raise TypeError("NaN constant")
-            if a is None or isinstance(a, (bool, int, float, str)):
-                return (type(a).__name__, a)
+            if isinstance(a, float):
+                # by bit pattern: 0.0 == -0.0 (and NaNs differ from themselves) in Python, but
+                # x / 0.0 and x / -0.0 are different ops
+                return ("float", struct.pack("<d", a))
+            if a is None or isinstance(a, (bool, int, str)):
+                return (type(a).__name__, a)  # the type too: True == 1 == 1.0
             raise TypeError(type(a).__name__)
 
         try:
