@@ -30,6 +30,10 @@ aot_cache: bool = True
 persist_capture: bool = True
 #: Inline calls to user functions up to this depth (deeper calls are a graph break).
 max_inline_depth: int = 64
+#: Debug mode of code-generating backends (inductor's ``debug_fill`` option): every buffer they
+#: allocate or reuse is filled with a NaN pattern first, and what kernels write and graphs return
+#: is checked for it (``EMBER_DEBUG_FILL=1``). Slow.
+debug_fill: bool = False
 
 
 def _coerce(current: Any, raw: str) -> Any:
@@ -45,7 +49,7 @@ def _coerce(current: Any, raw: str) -> Any:
 def _apply_env() -> None:
     g = globals()
     for name in ("recompile_limit", "suppress_errors", "verbose", "cache_dir", "max_inline_depth",
-                 "aot_cache", "persist_capture"):
+                 "aot_cache", "persist_capture", "debug_fill"):
         raw = os.environ.get("EMBER_" + name.upper())
         if raw is not None:
             g[name] = _coerce(g[name], raw)

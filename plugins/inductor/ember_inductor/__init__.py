@@ -43,6 +43,9 @@ OPTIONS = {
     "onednn_linear": "linear layers through oneDNN: 'auto' (default), True, False",
     "buffer_pool": "keep large internal buffers allocated between calls (default True)",
     "buffer_pool_min_bytes": "smallest buffer the pool keeps (default 4 MiB)",
+    "debug_fill": "fill every buffer with a NaN pattern before kernels write it and check "
+                  "kernel writes, outputs and input strides for it (default: "
+                  "ember.config.debug_fill, EMBER_DEBUG_FILL)",
 }
 
 

@@ -167,6 +167,12 @@ def compile_inductor(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
     from ._logging_util import output_code_enabled
     from .runtime.cache import get_text, put_text
 
+    if "debug_fill" not in options:
+        import ember.config
+
+        if getattr(ember.config, "debug_fill", False):
+            options = {**options, "debug_fill": True}  # in the cache key: its own wrapper
+
     for n in gm.graph.nodes:
         v = n.meta.get("val") if n.op == "placeholder" else None
         if isinstance(v, torch.Tensor) and v.device.type != "cpu":

@@ -122,9 +122,12 @@ class WrapperWriter:
             head.append("from ember_inductor.runtime.cache import compile_cpp_many, load_cpp")
         # the pool's import goes here when the wrapper has one (known only below)
         pool_import = len(head)
+        debug = bool(self.options.get("debug_fill"))
+        if debug:  # runtime/debug_fill.py: every buffer filled, every write checked
+            head.append("from ember_inductor.runtime import debug_fill as _dbg")
         head += [
             "",
-            "_empty = torch.empty_strided",
+            "_empty = _dbg.empty" if debug else "_empty = torch.empty_strided",
             "",
             "",
             "def _view(t, size, stride, offset):",
@@ -173,6 +176,9 @@ class WrapperWriter:
         body = [f"def call({args}):"]
         for sname, src in getattr(g, "sym_bindings", {}).items():
             body.append(f"    {sname} = {src}")
+        gkey = repr(self.key[:16])
+        if debug:
+            body.extend(self._debug_input_checks(arg_names, gkey))
         # last use of every buffer, to free it early
         last: dict[str, int] = {}
         for i, st in enumerate(s.steps):
@@ -209,6 +215,8 @@ class WrapperWriter:
                         else:
                             body.append(f"    {n} = _view({old}, {_tuple(lay.size)}, "
                                         f"{_tuple(lay.stride)}, 0); del {old}  # reuse")
+                        if debug:
+                            body.append(f"    _dbg.fill({n})")
                         continue
                     if n in pooled:
                         body.append(f"    {n} = {pool_var}[{pooled[n]}]")
@@ -232,6 +240,9 @@ class WrapperWriter:
                                 f"{', '.join(ops)[:120]!r})")
                 else:
                     body.append(f"    {call}  # {desc}")
+                if debug:
+                    for n in st.writes:
+                        body.append(f"    _dbg.check({gkey}, {st.name!r}, {n!r}, {n})")
             elif isinstance(st, ExternKernel):
                 call = f"{_op_path(st.op)}({', '.join(self.value(a) for a in st.args)}"
                 if st.kwargs:
@@ -246,6 +257,8 @@ class WrapperWriter:
                     target = old
                     if not (old in region_writes and _same_layout(self._buffer(old).layout, lay)):
                         target = f"_view({old}, {_tuple(lay.size)}, {_tuple(lay.stride)}, 0)"
+                    if debug:
+                        body.append(f"    _dbg.fill({target})")
                     lin = self._linear_args(st)
                     if lin is not None:  # see below: linear.out runs addmm.out
                         body.append(f"    {st.name} = torch._C._nn.linear({', '.join(lin)}, "
@@ -256,6 +269,9 @@ class WrapperWriter:
                         call += (", " if st.args or st.kwargs else "") + f"out={target})"
                         body.append(f"    {st.name} = {call}; del {old}  # {st.kind}{shape} "
                                     "reuse")
+                    if debug:
+                        body.append(f"    _dbg.check({gkey}, {_op_path(st.op)!r}, "
+                                    f"{st.name!r}, {st.name})")
                 elif self._linear_args(st) is not None:
                     # addmm(bias, x, W.t()) of a linear layer: ATen's linear runs exactly that
                     # addmm (2-d input, a bias; linear.out: addmm.out) and transposes W in C++,
@@ -277,16 +293,58 @@ class WrapperWriter:
         outs = []
         for o in g.outputs:
             outs.append(self.value(o))
-        body.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
+        if debug:
+            body.append(f"    _outs = ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
+            body.append(f"    _dbg.check_outputs({gkey}, _outs, {self._writers()!r})")
+            body.append("    return _outs")
+        else:
+            body.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
         if pooled:
             head[pool_import:pool_import] = ["from ember_inductor.runtime.pool import BufferPool"]
             head[-2:-2] = self._pool_lines(pooled, pool_syms)
             nsyms = len(getattr(g, "sym_bindings", {}))
-            body[1 + nsyms:] = ([f"    {pool_var} = _pool.take({', '.join(pool_syms)})",
-                                 "    try:"]
+            body[1 + nsyms:] = ([f"    {pool_var} = _pool.take({', '.join(pool_syms)})"]
+                                + ([f"    _dbg.fill_all({pool_var})"] if debug else [])
+                                + ["    try:"]
                                 + ["    " + line for line in body[1 + nsyms:]]
                                 + ["    finally:", f"        _pool.release({pool_var})"])
         return "\n".join(head + body) + "\n"
+
+    def _debug_input_checks(self, arg_names: list[str], gkey: str) -> list[str]:
+        """debug_fill: each tensor input with static sizes checked against the strides the
+        graph was compiled for."""
+        lines = []
+        for name, b in zip(arg_names, self.g.inputs):
+            lay = getattr(b, "layout", None)
+            if lay is None:
+                continue
+            try:
+                size = [int(x) for x in lay.size]
+                stride = [int(x) for x in lay.stride]
+            except TypeError:
+                continue
+            lines.append(f"    _dbg.check_strides({gkey}, {name!r}, {name}, {size}, {stride})")
+        return lines
+
+    def _writers(self) -> list[Any]:
+        """debug_fill: (buffer, kernel or op) that writes each output's storage, or None."""
+        writer: dict[str, str] = {}
+        for st in self.s.steps:
+            if isinstance(st, CppRegion):
+                for n in st.writes:
+                    writer[n] = st.name
+            elif isinstance(st, ExternKernel):
+                writer[st.name] = _op_path(st.op) if st.op is not None else st.kind
+            elif isinstance(st, MultiOutput):
+                writer[st.name] = f"{st.parent.name} output {list(st.path)}"
+        out = []
+        for o in self.g.outputs:
+            if isinstance(o, (Buffer, ReinterpretView)):
+                name = o.storage().name
+                out.append((name, writer[name]) if name in writer else None)
+            else:
+                out.append(None)
+        return out
 
     def _linear_args(self, st: ExternKernel) -> tuple[str, str, str] | None:
         """``(x, W, bias)`` when ``st`` is ``addmm(bias, x, W.t())`` with ``W`` a dense 2-d
