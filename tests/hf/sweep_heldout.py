@@ -5,6 +5,7 @@ torch.compile's graph count as the yardstick. A script, not a test (pytest colle
 
     .venv/bin/python -m tests.hf.sweep_heldout list                  # the candidate model types
     .venv/bin/python -m tests.hf.sweep_heldout run [TYPE ...] [--limit N] [--backend inductor]
+    .venv/bin/python -m tests.hf.sweep_heldout run --train inductor   # train mode only, inductor
     .venv/bin/python -m tests.hf.sweep_heldout table [FILE]          # the cached results
     .venv/bin/python -m tests.hf.sweep_heldout one TYPE MODE BACKEND # one run, in this process
 
@@ -334,6 +335,10 @@ def main(argv: list[str]) -> None:
         if "--backend" in args:
             i = args.index("--backend")
             backends = {"eval": args[i + 1]}
+            del args[i:i + 2]
+        if "--train" in args:  # train mode only, through this backend (inductor's training sweep)
+            i = args.index("--train")
+            backends = {"train": args[i + 1]}
             del args[i:i + 2]
         run([a for a in args if not a.startswith("--")], backends, force, limit,
             "--retry-skips" in args)
