@@ -552,6 +552,17 @@ def freeze_and_compile(compile_fn: Callable[..., Any], gm: torch.fx.GraphModule,
 
     def rewrite(gm: Any, const: Any, frozen: Any, example: Any) -> int:
         return tune_linears(gm, const, frozen, example, forced=forced)
+    if context is not None and getattr(context, "kind", None) == "inference":
+        from .layout import decide_layout, wants_channels_last
+
+        if options.get("layout_opt", "auto") == "auto" and wants_channels_last(gm):
+            # decided once, here, so that the frozen weights and the plan agree (layout.py)
+            try:
+                options = {**options, "layout_opt": decide_layout(gm, options)}
+            except Exception as e:
+                log.warning("layout choice failed, channels-last kept: %s: %s",
+                            type(e).__name__, e)
+                options = {**options, "layout_opt": True}
     try:
         frozen = freeze(gm, example_inputs, context, options, rewrite)
     except Exception as e:  # freezing is an optimization: compile the graph as it is
