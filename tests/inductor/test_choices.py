@@ -170,3 +170,52 @@ def test_warm_start_in_a_new_process_times_nothing(py, tmp_path):
     assert runs[0].get("timed", 0) >= 1
     assert runs[1].get("timed", 0) == 0 and runs[1].get("cached", 0) >= 1
     assert runs[1]["builds"] == 0
+
+
+# -- the OpenMP threshold, calibrated once per machine -----------------------------------------
+
+def test_threshold_from_measurements():
+    from ember_inductor.calibrate import MAX_WORK, MIN_WORK, threshold_from
+
+    # parallel faster from 32768 elements on (the 8192 win is not kept: 16384 loses)
+    times = {1 << k: (1.0, 2.0) for k in range(10, 15)}
+    times.update({1 << 13: (1.0, 0.5), 1 << 15: (2.0, 1.0), 1 << 16: (4.0, 2.0)})
+    assert threshold_from(times) == 1 << 15
+    assert threshold_from({1 << 10: (2.0, 1.0), 1 << 20: (2.0, 1.0)}) == MIN_WORK
+    assert threshold_from({1 << 20: (1.0, 1.5)}) == MAX_WORK  # never pays: clamped
+
+
+def test_calibration_is_measured_once_and_cached(monkeypatch):
+    from ember_inductor import calibrate
+
+    monkeypatch.setattr(calibrate, "override", [None])
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+    calls = []
+
+    def fake():
+        calls.append(1)
+        return {1 << 12: (1.0, 2.0), 1 << 13: (2.0, 1.0), 1 << 14: (4.0, 1.0)}
+
+    monkeypatch.setattr(calibrate, "_measure", fake)
+    calibrate._calibrated.cache_clear()
+    assert calibrate.parallel_min_work() == 1 << 13
+    calibrate._calibrated.cache_clear()  # a new process: read from disk, not measured
+    assert calibrate.parallel_min_work() == 1 << 13 and len(calls) == 1
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert calibrate.parallel_min_work() == calibrate.SERIAL  # one thread: never parallel
+    assert len(calls) == 1
+    calibrate._calibrated.cache_clear()
+
+
+def test_generated_code_reads_the_threshold():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from ember_inductor.compile_fx import generate_source
+
+    def f(x):
+        return (torch.exp(x) * 2 + 1,)
+
+    gm = make_fx(f)(torch.randn(64, 64))  # 4096 elements
+    srcs = [generate_source(gm, key=f"thr{n}", options={"parallel_min_work": n})[0]
+            for n in (1024, 1 << 20)]
+    assert "omp parallel for" in srcs[0] and "omp parallel for" not in srcs[1]

@@ -44,6 +44,8 @@ OPTIONS = {
     "onednn_linear": "linear layers' kernel: 'auto' (default: ATen/MKL, oneDNN, pre-packed or "
                      "pre-transposed weights, timed on this machine), True/'always' (oneDNN), "
                      "False (eager's addmm)",
+    "parallel_min_work": "work (elements) from which a generated loop runs OpenMP-parallel "
+                         "(default: calibrated once on this machine, calibrate.py)",
     "buffer_pool": "keep large internal buffers allocated between calls (default True)",
     "buffer_pool_min_bytes": "smallest buffer the pool keeps (default 4 MiB)",
 }

@@ -144,7 +144,17 @@ def generate_source(gm: torch.fx.GraphModule, key: str = "",
         dtypes.update({b.name: b.dtype for b in graph.inputs})
         for name, t in graph.constants.items():
             dtypes[name] = t.dtype
-        cpp = generate_cpp(sched, dtypes)
+        # the OpenMP threshold: this machine's (calibrate.py) unless an option forces one
+        from . import calibrate
+
+        forced = (options or {}).get("parallel_min_work")
+        prev = calibrate.override[0]
+        if forced is not None:
+            calibrate.override[0] = int(forced)
+        try:
+            cpp = generate_cpp(sched, dtypes)
+        finally:
+            calibrate.override[0] = prev
         src = generate_wrapper(graph, sched, cpp, key, options)
     counters["generated"] += 1
     info = {"fallbacks": graph.fallback_ops,
