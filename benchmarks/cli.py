@@ -30,6 +30,12 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--models", type=_csv, default=None,
                    help="comma-separated zoo names (default: every model for the device; "
                         "`python -m benchmarks list` shows them)")
+    r.add_argument("--corpus", default="zoo", choices=["zoo", "wide", "all"],
+                   help="which models run when --models is not given: the zoo's default set "
+                        "(default), the wide performance corpus (benchmarks/corpus.py), or both; "
+                        "a corpus other than the zoo names the report (cpu-infer-wide)")
+    r.add_argument("--tag", default="",
+                   help="appended to the report's name (e.g. --tag inductor: cpu-infer-inductor)")
     r.add_argument("--iters", type=int, default=None,
                    help="interleaved timing iterations per model (default 30 cpu, 100 cuda)")
     r.add_argument("--warmup", type=int, default=None, help="warm-up calls per backend")
@@ -89,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         from .zoo import ZOO
 
         for s in ZOO.values():
-            extra = "" if s.default else " (not in the default set)"
+            extra = (" (wide corpus: --corpus wide)" if s.corpus == "wide" else ""
+                     if s.default else " (not in the default set)")
             print(f"{s.name:18} {'/'.join(s.devices):9} {s.description}{extra}")
         print()
         for b in BACKEND_NAMES:
@@ -122,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
                     max_seconds=args.max_seconds, amp=args.amp, size=args.size,
                     compile_probes=args.compile_probes, probe_backends=args.probe_backends,
                     probe_timeout=args.probe_timeout, deadline_s=args.deadline,
-                    overhead=not args.no_overhead, quiet=args.quiet)
+                    overhead=not args.no_overhead, quiet=args.quiet, corpus=args.corpus,
+                    tag=args.tag)
     rows, overhead = run(cfg)
     paths = write_reports(rows, overhead, cfg, args.out, argv, append=args.append)
     for kind, path in paths.items():

@@ -216,6 +216,9 @@ def build_result(rows: list[Row], overhead: dict[str, dict[str, Any]], cfg: RunC
                  argv: list[str] | None = None) -> dict[str, Any]:
     """Everything a report is rendered from (saved as ``{stem}.json`` beside it)."""
     stem = f"{cfg.device.split(':')[0]}-{cfg.mode}" + ("-bf16" if cfg.amp else "")
+    corpus = getattr(cfg, "corpus", "zoo")
+    stem += "" if corpus == "zoo" else f"-{corpus}"
+    stem += f"-{cfg.tag}" if getattr(cfg, "tag", "") else ""
     command = "python -m benchmarks " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     info = machine_info(cfg.device)
     if cfg.load_at_start:

@@ -45,6 +45,8 @@ class RunConfig:
     deadline_s: float | None = None  # stop starting new work after this many seconds
     overhead: bool = True
     quiet: bool = False
+    corpus: str = "zoo"  # default model selection: "zoo", "wide" (benchmarks/corpus.py), "all"
+    tag: str = ""  # appended to the report's name (cpu-infer-<tag>)
     load_at_start: str = ""  # filled in by run(): other work on the machine skews timings
 
     def resolve(self) -> "RunConfig":
@@ -55,7 +57,7 @@ class RunConfig:
         self.iters = self.iters or (100 if cuda else 20)
         self.warmup = self.warmup if self.warmup is not None else (10 if cuda else 2)
         self.max_seconds = self.max_seconds or (30.0 if cuda else 10.0)
-        self.models = self.models or zoo.default_models("cuda" if cuda else "cpu")
+        self.models = self.models or zoo.default_models("cuda" if cuda else "cpu", self.corpus)
         if "eager" not in self.backends:  # the baseline of every speedup and accuracy check
             self.backends = ["eager"] + self.backends
         if self.amp and not cuda:

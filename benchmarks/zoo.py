@@ -43,6 +43,7 @@ class ModelSpec:
     devices: tuple[str, ...] = ("cpu", "cuda")
     requires: tuple[str, ...] = ()
     default: bool = True
+    corpus: str = "zoo"  # "zoo", or "wide" (benchmarks/corpus.py: run with --corpus wide)
 
     def missing(self) -> list[str]:
         """Modules this model needs that are not importable here."""
@@ -301,6 +302,18 @@ ZOO: dict[str, ModelSpec] = {s.name: s for s in [
 ]}
 
 
+def _add_wide() -> None:
+    from .corpus import WIDE
+
+    ZOO.update(WIDE)
+
+
+_add_wide()
+
+#: ``--corpus`` selections: the zoo, the wide corpus (benchmarks/corpus.py), or both
+CORPORA = ("zoo", "wide", "all")
+
+
 def get_spec(name: str) -> ModelSpec:
     try:
         return ZOO[name]
@@ -308,8 +321,14 @@ def get_spec(name: str) -> ModelSpec:
         raise SystemExit(f"unknown model {name!r}; known: {', '.join(ZOO)}") from None
 
 
-def default_models(device: str) -> list[str]:
-    return [s.name for s in ZOO.values() if s.default and device in s.devices]
+def default_models(device: str, corpus: str = "zoo") -> list[str]:
+    """The models a run without ``--models`` benchmarks: the zoo's default set, the whole wide
+    corpus, or both (``corpus="all"``)."""
+    if corpus not in CORPORA:
+        raise SystemExit(f"unknown corpus {corpus!r}; known: {', '.join(CORPORA)}")
+    zoo = [s.name for s in ZOO.values() if s.corpus == "zoo" and s.default and device in s.devices]
+    wide = [s.name for s in ZOO.values() if s.corpus == "wide" and device in s.devices]
+    return {"zoo": zoo, "wide": wide, "all": zoo + wide}[corpus]
 
 
 # ---- steps -----------------------------------------------------------------------------------

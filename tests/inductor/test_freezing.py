@@ -14,6 +14,15 @@ import ember
 from ember_inductor import freezing
 
 
+@pytest.fixture(autouse=True)
+def _channels_last_pays(monkeypatch):
+    """These tests check the channels-last plan itself; whether it pays for an inference graph
+    is timed on the machine (layout.channels_last_chosen): here it always does."""
+    from ember_inductor import layout as _layout
+
+    monkeypatch.setattr(_layout, "channels_last_chosen", lambda gm: True)
+
+
 class ConvBN(nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -15,6 +15,16 @@ from torch import nn
 import ember
 from ember_inductor import layout
 
+
+@pytest.fixture(autouse=True)
+def _channels_last_pays(monkeypatch):
+    """These tests check the channels-last plan itself; whether it pays for an inference graph
+    is timed on the machine (layout.channels_last_chosen): here it always does."""
+    from ember_inductor import layout as _layout
+
+    monkeypatch.setattr(_layout, "channels_last_chosen", lambda gm: True)
+
+
 CL = torch.channels_last
 
 

@@ -71,26 +71,36 @@ def test_auto_leaves_small_products_on_aten() -> None:
     assert_same(call(*args), _blocks(*args))
 
 
-def test_auto_rule() -> None:
-    assert patterns.onednn_preferred(128, 512, 2048)
-    assert patterns.onednn_preferred(512, 256, 8192)
-    assert not patterns.onednn_preferred(512, 128, 384)   # inner size 128
-    assert not patterns.onednn_preferred(512, 512, 128)   # 128-wide output
-    assert not patterns.onednn_preferred(4, 512, 512)     # a few rows
-    assert not patterns.onednn_preferred(32, 256, 256)    # a small product
+def fake_timings(monkeypatch, tmp_path, prefer: str) -> list[list[str]]:
+    """Replace the timer of autotune.choose by one under which ``prefer`` always wins (nothing
+    is run); a fresh on-disk cache, so no earlier choice is read. Returns the candidate lists
+    it was asked to time."""
+    from ember_inductor import autotune
+
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path / "cache"))
+    asked: list[list[str]] = []
+
+    def fake(cands):
+        asked.append(sorted(cands))
+        return {name: (1.0 if name == prefer else 2.0) for name in cands}
+
+    monkeypatch.setattr(autotune, "_time_all", fake)
+    return asked
 
 
-@pytest.mark.parametrize("k", [128, 256])
-def test_auto_follows_the_rule(k) -> None:
+@pytest.mark.parametrize("winner", ["aten", "onednn"])
+def test_auto_follows_the_timing(winner, monkeypatch, tmp_path) -> None:
+    asked = fake_timings(monkeypatch, tmp_path, winner)
     g = torch.Generator().manual_seed(1)
-    x, w, b = (torch.randn(128, k, generator=g), torch.randn(256, k, generator=g) / k ** 0.5,
+    x, w, b = (torch.randn(128, 256, generator=g), torch.randn(256, 256, generator=g) / 16,
                torch.randn(256, generator=g))
 
     def fn(x, w, b):
         return (torch.nn.functional.linear(x, w, b).relu(),)
 
     src, call = _compile(fn, (x, w, b))
-    assert (LINEAR in src) == patterns.onednn_preferred(128, k, 256) == (k == 256), src
+    assert asked == [["aten", "onednn"]]
+    assert (LINEAR in src) == (winner == "onednn"), src
     assert_same(call(x, w, b), fn(x, w, b))
 
 
@@ -170,7 +180,9 @@ def test_written_out_tanh_gelu_becomes_the_post_op(shared) -> None:
     assert_same(call(*a), fn(*a))
 
 
-def test_auto_keeps_a_transposed_activation_on_aten() -> None:
+@pytest.mark.parametrize("winner", ["aten", "onednn"])
+def test_transposed_activation_is_timed_too(winner, monkeypatch, tmp_path) -> None:
+    asked = fake_timings(monkeypatch, tmp_path, winner)
     g = torch.Generator().manual_seed(4)
     gt, x = torch.randn(256, 128, generator=g), torch.randn(256, 256, generator=g)
 
@@ -178,10 +190,8 @@ def test_auto_keeps_a_transposed_activation_on_aten() -> None:
         return (torch.mm(gt.t(), x),)
 
     src, call = _compile(fn, (gt, x))
-    assert LINEAR not in src
-    assert_same(call(gt, x), fn(gt, x))
-    src, call = _compile(fn, (gt, x), onednn_linear="always")
-    assert LINEAR in src
+    assert asked == [["aten", "onednn"]]
+    assert (LINEAR in src) == (winner == "onednn")
     assert_same(call(gt, x), fn(gt, x))
 
 

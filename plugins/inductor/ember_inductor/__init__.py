@@ -37,10 +37,15 @@ OPTIONS = {
                       "'version' (cheaper; misses .data writes)",
     "fold_conv_bn": "fold BatchNorm into the convolution before it: 'auto' (default), "
                     "'always', or False",
-    "layout_opt": "channels-last activations in graphs with convolutions (default True)",
+    "layout_opt": "channels-last activations in graphs with convolutions: 'auto' (default: "
+                  "timed on this machine for inference graphs, on for training), True, False",
     "layout_weights": "also copy convolution weights channels-last: 'none' (default), "
                       "'backward', 'all'",
-    "onednn_linear": "linear layers through oneDNN: 'auto' (default), True, False",
+    "onednn_linear": "linear layers' kernel: 'auto' (default: ATen/MKL, oneDNN, pre-packed or "
+                     "pre-transposed weights, timed on this machine), True/'always' (oneDNN), "
+                     "False (eager's addmm)",
+    "parallel_min_work": "work (elements) from which a generated loop runs OpenMP-parallel "
+                         "(default: calibrated once on this machine, calibrate.py)",
     "buffer_pool": "keep large internal buffers allocated between calls (default True)",
     "buffer_pool_min_bytes": "smallest buffer the pool keeps (default 4 MiB)",
     "debug_fill": "fill every buffer with a NaN pattern before kernels write it and check "

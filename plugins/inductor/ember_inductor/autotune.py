@@ -1,103 +1,214 @@
-"""``mode="max-autotune"``: where a graph has alternatives, time them once and remember the winner.
+"""Choices decided by timing the candidates on this machine, once, and remembered on disk.
 
-Today's alternatives are the matmul library's ways of running a linear layer whose weight is
-frozen (an inference graph's parameter, see :mod:`ember_inductor.freezing`):
+Where the fastest way to run something depends on the CPU (its vendor, ISA, cache sizes, the
+BLAS libraries torch was built with, the thread count), Ember does not follow a rule tuned on one
+machine: the first compile times the candidates on the real sizes and stores the winner in the
+on-disk cache (``runtime.cache`` text entries, namespace ``"autotune"``), keyed by what was
+decided (kind and signature: shapes, strides, dtypes), the candidates' names and the machine
+(:func:`machine`: CPU model name, a hash of its ISA flags, torch's thread count, torch's version).
+Every later compile of the same decision on this machine -- a warm start in a new process too --
+reads it and times nothing (``counters["cached"]``; ``counters["timed"]`` counts timings).
 
-* ``addmm``: ATen's ``addmm(b, x, W.t())`` on the transposed view, as eager runs it;
-* ``transposed``: the same on a copy of ``W.t()`` made contiguous once;
-* ``mkl_packed``: ``mkl._mkl_linear`` on a weight packed once for MKL's sgemm at this batch size
-  (float32, where torch was built with MKL);
-* ``onednn``: oneDNN's ``mkldnn._linear_pointwise`` on the weight as it is (float32, where torch
-  was built with oneDNN; also what ``patterns.fuse_linears`` picks between in every mode).
+Decisions made this way:
 
-Each is timed on the example sizes (random activations, the real weight): interleaved rounds after
-a warm-up, the best round of each. The choice is stored in Ember's on-disk cache
-(``runtime.cache`` text entries, namespace ``"autotune"``), keyed by the shapes, strides and
-dtypes, the candidates, the torch version and the CPU, so the next compile of the same layer
-anywhere on this machine reuses it without timing. ``mode="reduce-overhead"`` (CUDA graphs on
-the GPU) changes nothing on the CPU.
+* the library of each float32 linear layer (``patterns.fuse_linears``: ATen's ``addmm``/``mm``,
+  i.e. MKL's sgemm, against oneDNN's ``mkldnn._linear_pointwise``), on every graph;
+* for a frozen linear layer of an inference graph (:func:`tune_linears`, run by
+  :mod:`ember_inductor.freezing`): ``addmm`` on the transposed weight as eager runs it, a
+  pre-transposed contiguous weight (``transposed``), MKL's pre-packed weight (``mkl_packed``,
+  ``mkl._mkl_linear``) and oneDNN (``onednn``);
+* channels-last or not for the convolutions of an inference graph (``layout.py``);
+* the OpenMP parallel threshold of generated loops (``calibrate.py``, once per machine).
+
+Timing (:func:`_time_all`): one warm-up call of each candidate, then rounds that call every
+candidate once in turn (interleaved, so a burst of load from other work slows all of them
+alike); the fastest round of each is compared (:func:`_time_all` says why not the median).
+The number of rounds adapts to the candidates' cost (3 to 7, about :data:`DECISION_SECONDS`
+per decision), and a compile spends at most :data:`COMPILE_SECONDS` timing in all (:func:`session`): past it, the remaining decisions take
+their default (what eager runs) without timing and without caching, so a cold compile stays
+bounded. Options force a choice instead (``onednn_linear``, ``layout_opt``,
+``parallel_min_work``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import json
 import logging
+import threading
 import time
 from collections import Counter
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 import torch.fx
 
-__all__ = ["choose", "tune_linears", "counters"]
+__all__ = ["choose", "tune_linears", "counters", "machine", "machine_key", "session",
+           "lookup"]
 
 log = logging.getLogger("ember.inductor.autotune")
 
 aten = torch.ops.aten
 
-#: ``timed``: choices decided by timing; ``cached``: choices read from the on-disk cache
+#: ``timed``: choices decided by timing; ``cached``: choices read from the on-disk cache;
+#: ``over_budget``: decisions left to their default because the compile's timing budget was spent
 counters: Counter[str] = Counter()
 
+#: rounds of interleaved calls per decision (fewer when the candidates are slow)
 _REPEAT = 7
+_MIN_REPEAT = 3
+#: seconds of timing one decision aims at (the round count adapts to the candidates' cost)
+DECISION_SECONDS = 0.15
+#: seconds of timing one compile may spend in all (see :func:`session`)
+COMPILE_SECONDS = 1.5
 
 
-def _machine() -> str:
+@functools.lru_cache(maxsize=None)
+def _cpu() -> tuple[str, str]:
+    """(CPU model name, sha256 of its sorted ISA flags) from /proc/cpuinfo."""
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("model name", "Model", "cpu model")):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
     try:
         from ember.precompile.runtime import cpu_flags
 
         flags = cpu_flags()
-    except Exception:  # pragma: no cover - informational part of the key only
+    except Exception:  # pragma: no cover - the model name still separates machines
         flags = ""
-    return f"{torch.__version__}|{torch.get_num_threads()}|{flags}"
+    import platform
+
+    return model or platform.processor() or platform.machine(), \
+        hashlib.sha256(flags.encode()).hexdigest()[:16]
+
+
+def machine() -> dict[str, Any]:
+    """What a timed choice depends on besides its own signature: the CPU's model name, a hash
+    of its ISA flags, torch's intra-op thread count (read now: it may change) and torch's
+    version (its kernels)."""
+    model, isa = _cpu()
+    return {"cpu": model, "isa": isa, "threads": torch.get_num_threads(),
+            "torch": torch.__version__}
+
+
+def machine_key() -> str:
+    return repr(sorted(machine().items()))
+
+
+# -- the budget of one compile ---------------------------------------------------------------
+
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def session(seconds: float | None = None) -> Iterator[None]:
+    """Bound the timing done inside (one graph's compile) to ``seconds`` (default
+    :data:`COMPILE_SECONDS`); nested sessions share the outermost one's budget."""
+    if getattr(_local, "left", None) is not None:
+        yield
+        return
+    _local.left = COMPILE_SECONDS if seconds is None else seconds
+    try:
+        yield
+    finally:
+        _local.left = None
+
+
+def _budget_left() -> float | None:
+    return getattr(_local, "left", None)
+
+
+def _spend(seconds: float) -> None:
+    if getattr(_local, "left", None) is not None:
+        _local.left -= seconds
 
 
 def _time_all(candidates: dict[str, Callable[[], Any]]) -> dict[str, float]:
-    """Seconds per call of each candidate: two warm-up calls each, then ``_REPEAT`` rounds that
-    call every candidate once in turn, the best round of each. Interleaved rounds and the
-    minimum: on a machine shared with other work, a burst of load then slows every candidate
-    alike instead of the one that happened to run during it. A candidate that raises is
-    left out."""
+    """Seconds per call of each candidate: one warm-up call each (which also sizes the number
+    of rounds), then rounds that call every candidate once in turn; the fastest round of each.
+    A candidate that raises is left out.
+
+    The minimum, not the median: other work on the machine only ever adds time, in bursts, and
+    with the few rounds a compile can afford, a median measures the bursts. On this project's
+    2-core machine under a load of 10, the median of 3 rounds put the same ``[1024, 256] x
+    [256, 768]`` product at 36 ms through ``addmm`` and 2 ms through oneDNN, where the two
+    differ by less than 2x when the machine is quiet."""
     live: dict[str, Callable[[], Any]] = {}
+    first = 0.0
     for name, fn in candidates.items():
         try:
+            t = time.perf_counter()
             fn()
-            fn()
+            first += time.perf_counter() - t
             live[name] = fn
         except Exception as e:  # a candidate that fails here is never chosen
             log.debug("autotune: candidate %s failed: %s", name, e)
-    best = {name: float("inf") for name in live}
-    for _ in range(_REPEAT):
+    rounds = _REPEAT if first <= 0 else int(DECISION_SECONDS / first)
+    rounds = max(_MIN_REPEAT, min(_REPEAT, rounds))
+    times: dict[str, list[float]] = {name: [] for name in live}
+    for _ in range(rounds):
         for name, fn in live.items():
             t = time.perf_counter()
             fn()
-            best[name] = min(best[name], time.perf_counter() - t)
-    return best
+            times[name].append(time.perf_counter() - t)
+    return {name: min(ts) for name, ts in times.items()}
 
 
-def choose(kind: str, signature: Any, candidates: dict[str, Callable[[], Any]]) -> str:
+def _key(kind: str, signature: Any, names: Sequence[str]) -> str:
+    return hashlib.sha256(repr((kind, signature, sorted(names), machine_key())).encode()
+                          ).hexdigest()
+
+
+def lookup(kind: str, signature: Any, names: Sequence[str]) -> str | None:
+    """The cached choice among ``names`` for ``signature`` on this machine, or None."""
+    from .runtime.cache import get_text
+
+    text = get_text("autotune", _key(kind, signature, names))
+    if text is None:
+        return None
+    try:
+        choice = json.loads(text)["choice"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return choice if choice in names else None
+
+
+def choose(kind: str, signature: Any, candidates: dict[str, Callable[[], Any]],
+           default: str | None = None) -> str:
     """The fastest of ``candidates`` (name -> a call to time) for ``signature`` (anything with a
-    stable repr: shapes, strides, dtypes), from the on-disk cache when it has the answer."""
-    from .runtime.cache import get_text, put_text
+    stable repr: shapes, strides, dtypes), from the on-disk cache when it has the answer.
+    ``default`` (else the first candidate) is returned untimed when this compile's timing
+    budget is spent."""
+    from .runtime.cache import put_text
 
-    key = hashlib.sha256(repr((kind, signature, sorted(candidates), _machine())).encode()
-                         ).hexdigest()
-    text = get_text("autotune", key)
-    if text is not None:
-        try:
-            choice = json.loads(text)["choice"]
-        except (ValueError, KeyError, TypeError):
-            choice = None
-        if choice in candidates:
-            counters["cached"] += 1
-            return choice
+    names = list(candidates)
+    cached = lookup(kind, signature, names)
+    if cached is not None:
+        counters["cached"] += 1
+        return cached
+    fallback = default if default in candidates else names[0]
+    left = _budget_left()
+    if left is not None and left <= 0:
+        counters["over_budget"] += 1
+        log.debug("autotune %s %s: timing budget spent, %s untimed", kind, signature, fallback)
+        return fallback
+    t0 = time.perf_counter()
     times = _time_all(candidates)
+    _spend(time.perf_counter() - t0)
     if not times:
-        return next(iter(candidates))
+        return fallback
     choice = min(times, key=times.__getitem__)
     counters["timed"] += 1
-    put_text("autotune", key, json.dumps({"kind": kind, "signature": repr(signature),
-                                          "choice": choice, "seconds": times}))
+    put_text("autotune", _key(kind, signature, names),
+             json.dumps({"kind": kind, "signature": repr(signature), "choice": choice,
+                         "seconds": times, "machine": machine()}))
     log.debug("autotune %s %s: %s (%s)", kind, signature, choice,
               ", ".join(f"{k} {v * 1e6:.0f}us" for k, v in times.items()))
     return choice
@@ -120,11 +231,37 @@ def _weight_of(wt: Any, values: dict[torch.fx.Node, torch.Tensor]) -> torch.fx.N
     return None
 
 
+def _time_linear(sig: Any, names: list[str], xm: torch.Tensor, W: torch.Tensor,
+                 B: torch.Tensor | None, batch: int, onednn: Any) -> str:
+    X = _random_like(xm)
+    Wt = W.t().contiguous()
+    cands: dict[str, Callable[[], Any]] = {}
+    if B is not None:
+        cands["addmm"] = lambda: torch.addmm(B, X, W.t())
+        cands["transposed"] = lambda: torch.addmm(B, X, Wt)
+    else:
+        cands["addmm"] = lambda: torch.mm(X, W.t())
+        cands["transposed"] = lambda: torch.mm(X, Wt)
+    if "mkl_packed" in names:
+        try:
+            packed = torch.ops.mkl._mkl_reorder_linear_weight(W, batch)
+            cands["mkl_packed"] = lambda: torch.ops.mkl._mkl_linear(X, packed, W, B, batch)
+        except Exception:  # pragma: no cover - MKL builds without packing
+            pass
+    if "onednn" in names:
+        cands["onednn"] = lambda: onednn(X, W, B, "none", [], "")
+    if list(cands) != names:  # a candidate could not even be built: time what can run
+        return choose("linear", sig + ("partial",), cands, default="addmm")
+    return choose("linear", sig, cands, default="addmm")
+
+
 def tune_linears(gm: torch.fx.GraphModule, const: set[torch.fx.Node],
-                 frozen: set[torch.fx.Node], example_inputs: Sequence[Any]) -> int:
+                 frozen: set[torch.fx.Node], example_inputs: Sequence[Any],
+                 forced: str | None = None) -> int:
     """Rewrite each ``addmm(b, x, W.t())`` / ``mm(x, W.t())`` over a frozen weight into the
-    fastest alternative; the new weight computations are parameter-only, so freezing folds them.
-    Returns how many were rewritten."""
+    fastest alternative (or into ``forced``, one of the candidates' names, where it is one);
+    the new weight computations are parameter-only, so freezing folds them. Returns how many
+    were rewritten."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     values = {n: example_inputs[i] for i, n in enumerate(placeholders)
               if n in frozen and isinstance(example_inputs[i], torch.Tensor)}
@@ -153,34 +290,33 @@ def tune_linears(gm: torch.fx.GraphModule, const: set[torch.fx.Node],
         if not isinstance(xm, torch.Tensor) or not isinstance(ym, torch.Tensor) \
                 or xm.dim() != 2 or W.dtype != xm.dtype or isinstance(xm.shape[0], torch.SymInt):
             continue
-        X = _random_like(xm)
         batch = int(xm.shape[0])
-        Wt = W.t().contiguous()
-        cands: dict[str, Callable[[], Any]] = {}
-        if B is not None:
-            cands["addmm"] = lambda: torch.addmm(B, X, W.t())
-            cands["transposed"] = lambda: torch.addmm(B, X, Wt)
-        else:
-            cands["addmm"] = lambda: torch.mm(X, W.t())
-            cands["transposed"] = lambda: torch.mm(X, Wt)
-        packed = None
-        if (W.dtype == torch.float32 and torch.backends.mkl.is_available()
-                and X.is_contiguous()):
-            try:
-                packed = torch.ops.mkl._mkl_reorder_linear_weight(W, batch)
-                cands["mkl_packed"] = lambda: torch.ops.mkl._mkl_linear(X, packed, W, B, batch)
-            except Exception:  # pragma: no cover - MKL builds without packing
-                packed = None
+        sig = ("linear", tuple(xm.shape), tuple(xm.stride()), tuple(W.shape), tuple(W.stride()),
+               str(W.dtype), B is not None)
+        names = ["addmm", "transposed"]
+        mkl_ok = (W.dtype == torch.float32 and torch.backends.mkl.is_available()
+                  and xm.is_contiguous())
+        if mkl_ok:
+            names.append("mkl_packed")
         from .patterns import linear_op
 
         # oneDNN reads a bias as contiguous whatever its strides
         onednn = (linear_op() if W.dtype == torch.float32
                   and (B is None or B.is_contiguous()) else None)
         if onednn is not None:
-            cands["onednn"] = lambda: onednn(X, W, B, "none", [], "")
-        sig = ("linear", tuple(xm.shape), tuple(xm.stride()), tuple(W.shape), tuple(W.stride()),
-               str(W.dtype), B is not None)
-        choice = choose("linear", sig, cands)
+            names.append("onednn")
+        if forced in names:
+            choice = forced
+        else:
+            # a warm start reads the choice without building (packing) any candidate
+            choice = lookup("linear", sig, names)
+            if choice is not None:
+                counters["cached"] += 1
+            else:
+                choice = _time_linear(sig, names, xm, W, B, batch, onednn)
+        packed = None
+        if choice == "mkl_packed":
+            packed = torch.ops.mkl._mkl_reorder_linear_weight(W, batch)
         if choice == "addmm":
             node.meta["ember_linear"] = "aten"  # chosen over oneDNN: patterns.py keeps it
             continue
@@ -196,9 +332,10 @@ def tune_linears(gm: torch.fx.GraphModule, const: set[torch.fx.Node],
             if choice == "transposed":
                 wc = g.call_function(aten.clone.default, (wt,),
                                      {"memory_format": torch.contiguous_format})
-                wc.meta["val"] = _fake_like(ym, Wt)
+                wc.meta["val"] = _fake_like(ym, W.t().contiguous())
                 args = (b, x, wc) if b is not None else (x, wc)
                 new = g.call_function(node.target, args)
+                new.meta["ember_linear"] = "aten"  # decided: patterns.py keeps it
             else:
                 pk = g.call_function(torch.ops.mkl._mkl_reorder_linear_weight.default,
                                      (w, batch))

@@ -47,6 +47,11 @@ def _graph_key(gm: torch.fx.GraphModule, options: dict[str, Any]) -> str:
     h = hashlib.sha256()
     h.update(_code_fingerprint().encode())
     h.update(torch.__version__.encode())
+    # the code embeds choices timed on this machine (autotune.py): another CPU, ISA or thread
+    # count decides again
+    from .autotune import machine_key
+
+    h.update(machine_key().encode())
     h.update(gm.code.encode())
     for n in gm.graph.nodes:
         if n.op in ("placeholder", "get_attr"):
@@ -139,7 +144,17 @@ def generate_source(gm: torch.fx.GraphModule, key: str = "",
         dtypes.update({b.name: b.dtype for b in graph.inputs})
         for name, t in graph.constants.items():
             dtypes[name] = t.dtype
-        cpp = generate_cpp(sched, dtypes)
+        # the OpenMP threshold: this machine's (calibrate.py) unless an option forces one
+        from . import calibrate
+
+        forced = (options or {}).get("parallel_min_work")
+        prev = calibrate.override[0]
+        if forced is not None:
+            calibrate.override[0] = int(forced)
+        try:
+            cpp = generate_cpp(sched, dtypes)
+        finally:
+            calibrate.override[0] = prev
         src = generate_wrapper(graph, sched, cpp, key, options)
     counters["generated"] += 1
     info = {"fallbacks": graph.fallback_ops,
@@ -162,8 +177,17 @@ def compile_inductor(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
 
     Returns a callable taking the graph's inputs positionally and returning its output tuple.
     ``mode`` ("default", "max-autotune", "reduce-overhead") is accepted; on the CPU it changes
-    nothing yet. ``context`` (an ember CompileContext) is optional.
+    nothing yet. ``context`` (an ember CompileContext) is optional. The choices timed on this
+    machine while compiling (autotune.py) share one time budget per graph.
     """
+    from .autotune import session
+
+    with session():
+        return _compile_inductor(gm, example_inputs, context=context, **options)
+
+
+def _compile_inductor(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
+                      context: Any = None, **options: Any) -> Callable[..., Any]:
     from ._logging_util import output_code_enabled
     from .runtime.cache import get_text, put_text
 

@@ -6,9 +6,10 @@ parameters or buffers (``InputInfo.kind``), three rewrites run on the ATen graph
 * **BatchNorm folded into the preceding convolution**: ``conv(x, W)`` followed by a per-channel
   affine chain on parameters (``(y - mean) * rsqrt(var + eps) * weight + bias``, as the BatchNorm
   decomposition writes it) becomes ``conv(x, W * s, b * s + t)``;
-* **matmul weights** (``mode="max-autotune"``): ``addmm(b, x, W.t())`` may become a call on a
-  weight pre-transposed into contiguous memory or pre-packed for MKL (``mkl._mkl_linear``),
-  whichever was fastest on the example inputs (see :mod:`ember_inductor.autotune`);
+* **matmul weights**: ``addmm(b, x, W.t())`` may become a call on a weight pre-transposed into
+  contiguous memory, pre-packed for MKL (``mkl._mkl_linear``) or oneDNN's linear, whichever was
+  fastest on the example inputs on this machine (timed once, cached on disk: see
+  :mod:`ember_inductor.autotune`; ``onednn_linear=False`` keeps eager's ``addmm``);
 * **constant subexpressions**: every node computed from parameters, buffers and constants alone
   (the new ``W * s`` above, ``rsqrt(var + eps)``, casts, packed weights) is cut out of the graph
   into a small "constant graph" whose results become extra inputs of the compiled graph.
@@ -542,13 +543,26 @@ def freeze_and_compile(compile_fn: Callable[..., Any], gm: torch.fx.GraphModule,
                        options: dict[str, Any]) -> FrozenCall | None:
     """Freeze ``gm`` and compile what is left with ``compile_fn`` (inductor's compile, called
     with ``_frozen=True``); None when nothing was frozen, and the caller compiles ``gm`` as is.
-    ``mode="max-autotune"`` also picks the matmul variant of each frozen linear layer."""
-    mode = getattr(context, "mode", None) or options.get("mode")
-    rewrite = None
-    if mode == "max-autotune":
-        from .autotune import tune_linears
+    Each frozen linear layer's matmul variant is picked by timing (:mod:`.autotune`)."""
+    from .autotune import tune_linears
 
-        rewrite = tune_linears
+    # each frozen linear layer's kernel, by timing (autotune.py) unless an option forces one
+    lin = options.get("onednn_linear", "auto")
+    forced = "addmm" if lin is False else "onednn" if lin in (True, "always") else None
+
+    def rewrite(gm: Any, const: Any, frozen: Any, example: Any) -> int:
+        return tune_linears(gm, const, frozen, example, forced=forced)
+    if context is not None and getattr(context, "kind", None) == "inference":
+        from .layout import decide_layout, wants_channels_last
+
+        if options.get("layout_opt", "auto") == "auto" and wants_channels_last(gm):
+            # decided once, here, so that the frozen weights and the plan agree (layout.py)
+            try:
+                options = {**options, "layout_opt": decide_layout(gm, options)}
+            except Exception as e:
+                log.warning("layout choice failed, channels-last kept: %s: %s",
+                            type(e).__name__, e)
+                options = {**options, "layout_opt": True}
     try:
         frozen = freeze(gm, example_inputs, context, options, rewrite)
     except Exception as e:  # freezing is an optimization: compile the graph as it is

@@ -17,7 +17,9 @@ result for a channels-last input. A graph with 2-d convolutions is therefore low
   is stored with eager's strides, except the activations a training forward saves for its own
   backward (below).
 
-Options: ``layout_opt=False`` turns all of this off; ``layout_weights`` ("none", the default,
+Whether it pays is timed on this machine for inference graphs (:func:`channels_last_chosen`, cached
+on disk with the machine in the key). Options: ``layout_opt`` (``"auto"``, the default; True
+forces channels-last, False turns all of this off); ``layout_weights`` ("none", the default,
 "backward", "all") also copies convolution weights channels-last for the backward or for both
 directions (measured on convnet: no gain, the copies cost what oneDNN saves).
 
@@ -181,10 +183,79 @@ class LayoutPlan:
         return self.copy_to(g, value, channels_last_stride(value.get_size()))
 
 
+def _random(shape: Sequence[int], dtype: torch.dtype, channels_last: bool) -> torch.Tensor:
+    t = torch.randn(tuple(shape), dtype=dtype)
+    return t.contiguous(memory_format=torch.channels_last) if channels_last else t
+
+
+def channels_last_chosen(gm: torch.fx.GraphModule) -> bool:
+    """Are the 2-d convolutions of the inference graph ``gm`` faster on channels-last operands
+    than on contiguous ones, on this machine?
+
+    Timed once per machine and set of convolutions (:func:`ember_inductor.autotune.choose`,
+    cached on disk): every distinct convolution of the graph (input and weight sizes, stride,
+    padding, dilation, groups, dtype) run once with channels-last input and weight, as the plan
+    would run it (frozen weights are stored channels-last, freezing.py), against once on
+    contiguous ones. oneDNN is usually much faster channels-last, but not on every CPU and
+    size (a 1x1 convolution on a small image, a depthwise one): the time of the convolutions is
+    what decides, the pointwise work around them reads either layout."""
+    from .autotune import choose
+
+    convs: dict[tuple[Any, ...], None] = {}
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or n.target is not aten.convolution.default or not _conv2d(n):
+            continue
+        x, w, b = n.args[0], n.args[1], n.args[2]
+        xv, wv = x.meta.get("val"), w.meta.get("val") if isinstance(w, torch.fx.Node) else None
+        if not isinstance(wv, torch.Tensor) or not all(isinstance(d, int) for d in wv.shape):
+            continue
+        convs[(tuple(xv.shape), tuple(wv.shape), str(xv.dtype), b is not None,
+               *[tuple(a) if isinstance(a, (list, tuple)) else a for a in n.args[3:9]])] = None
+    if not convs:
+        return True
+    sig = tuple(convs)
+    state: dict[bool, list[Any]] = {}
+
+    def operands(cl: bool) -> list[Any]:
+        if cl not in state:
+            ops_ = []
+            for xs, ws, dt, has_b, stride, pad, dil, tr, opad, groups in sig:
+                dtype = getattr(torch, dt.replace("torch.", ""))
+                ops_.append((_random(xs, dtype, cl), _random(ws, dtype, cl),
+                             torch.randn(ws[0], dtype=dtype) if has_b else None,
+                             stride, pad, dil, tr, opad, groups))
+            state[cl] = ops_
+        return state[cl]
+
+    def run(cl: bool) -> Callable[[], Any]:
+        def call() -> None:
+            for args in operands(cl):
+                aten.convolution.default(*args)
+        return call
+
+    with torch.no_grad():
+        return choose("conv_layout", sig, {"channels_last": run(True),
+                                           "contiguous": run(False)},
+                      default="channels_last") == "channels_last"
+
+
+def decide_layout(gm: torch.fx.GraphModule, options: dict[str, Any]) -> bool:
+    """Whether the plan makes ``gm``'s convolutions channels-last: ``options["layout_opt"]``
+    when it is True or False; by default (``"auto"``) timed for an inference graph
+    (:func:`channels_last_chosen`) and channels-last for a training graph (whose forward and
+    backward must agree: they are generated as a pair, see below)."""
+    opt = options.get("layout_opt", "auto")
+    if opt != "auto":
+        return bool(opt)
+    if options.get("_layout_final") or not wants_channels_last(gm):
+        return True
+    return channels_last_chosen(gm)
+
+
 def plan_for(gm: torch.fx.GraphModule, options: dict[str, Any]) -> LayoutPlan | None:
-    """The plan for ``gm`` (None: no convolution, or ``options["layout_opt"]`` is False).
+    """The plan for ``gm`` (None: no convolution, or :func:`decide_layout` says no).
     Also moves pure nodes next to their first use (:func:`sink_pure_nodes`)."""
-    if not options.get("layout_opt", True) or not wants_channels_last(gm):
+    if not wants_channels_last(gm) or not decide_layout(gm, options):
         return None
     sink_pure_nodes(gm)
     lay = options.get("_layout") or {}

@@ -1,5 +1,6 @@
 """Graph rewrites before lowering: attention written out by hand becomes one attention kernel,
-and float32 matrix multiplies go to oneDNN where it is the faster library (:func:`fuse_linears`).
+and float32 matrix multiplies go to oneDNN where it is the faster library on this machine, by
+timing (:func:`fuse_linears`).
 
 ``softmax(q @ k.transpose(-2, -1) * scale, dim=-1) @ v`` reaches inductor, after AOT autograd's
 decompositions, as two ``bmm`` calls on copies of q, k and v (``expand``/``clone``/``view`` into
@@ -26,7 +27,7 @@ from typing import Any
 import torch
 import torch.fx
 
-__all__ = ["fuse_attention", "fuse_linears", "linear_op", "onednn_preferred", "rewrite_graph",
+__all__ = ["fuse_attention", "fuse_linears", "linear_op", "onednn_chosen", "rewrite_graph",
            "flash_meta"]
 
 log = logging.getLogger("ember.inductor.patterns")
@@ -321,33 +322,61 @@ def _weight_nk(b: torch.fx.Node, g: torch.fx.Graph) -> torch.fx.Node:
     return wt
 
 
-def onednn_preferred(m: int, k: int, n: int) -> bool:
-    """Is oneDNN's linear the faster kernel for an ``[m, k] x [k, n]`` float32 product?
+#: products of at most this many multiply-adds stay on ATen's kernel untimed: they take a few
+#: microseconds, where timer noise is larger than any difference (and oneDNN's fixed cost per
+#: call, about 13 us, is more than their run time)
+UNTIMED_MACS = 1 << 18
 
-    A fixed rule, so that the generated code is the same on every compile, measured on this
-    project's machines (AMD EPYC with AVX-512, 1 and 2 threads, interleaved medians and
-    minimums, weights cache-resident and streamed):
 
-    * neither the inner nor the output width may be small: with an inner size of 128
-      (``[512, 128] x [128, 384]``: 375 vs 330 us) or a 128-wide output oneDNN lost;
-    * 64 rows or more: oneDNN won by 10-40% where the product is large (``[128, 512] x
-      [512, 2048]``: 2.0 vs 3.1 ms; gpt2's head ``[512, 256] x [256, 8192]``: 12 vs 21) and
-      tied at 256 x 256 weights;
-    * fewer rows (batch-1 and small-batch inference): sgemm's small-``m`` path is slow on
-      large weights, and oneDNN's fixed cost per call (about 13 us) is then small. With a
-      weight of 1M elements or more (4 MiB in float32) oneDNN won from 4 rows on, 1.2-1.7x on
-      one thread (``[4, 1024] x [1024, 4096]``: 1.9 vs 2.9 ms; ``[16, 4096] x [4096, 1024]``:
-      3.3 vs 6.8 ms; 2048 x 512, 4096 x 256, 768 x 3072 alike); with 512K elements or more
-      from 16 rows on (1.07-1.2x: 512 x 1024, 768 x 768); smaller weights lose below 64 rows
-      (256 x 256 at 4 rows: 30 vs 16 us). At 2 rows the results went either way (0.8-1.5x),
-      and at one row both read the weight once at memory speed (tied): ``addmm``, what eager
-      runs, is kept there.
+def _strided_random(meta: torch.Tensor) -> torch.Tensor:
+    t = torch.empty_strided(tuple(meta.shape), tuple(meta.stride()), dtype=meta.dtype)
+    return t.normal_()
 
-    ``mode="max-autotune"`` times the two on frozen weights instead
-    (:mod:`ember_inductor.autotune`)."""
-    if k < 256 or n < 256:
+
+def onednn_chosen(xv: torch.Tensor, bv: torch.Tensor, biasv: torch.Tensor | None,
+                  attr: str = "none", algorithm: str = "") -> bool:
+    """Is oneDNN's linear faster than ATen's ``addmm``/``mm`` (MKL's sgemm) on this machine for
+    ``x @ b (+ bias)`` with these operands' sizes and strides (and a gelu after it when
+    ``attr == "gelu"``: oneDNN's post-op against ATen's product then eager's gelu)?
+
+    Decided by timing both on random operands of the real geometry, once per machine
+    (:func:`ember_inductor.autotune.choose`, cached on disk by CPU model, ISA, thread count and
+    torch version). No fixed rule holds across CPUs: on this project's AMD EPYC (AVX-512)
+    oneDNN won by 10-40% from 64 rows on where both widths are >= 256 (gpt2's head ``[512, 256]
+    x [256, 8192]``: 12 vs 21 ms), while on an Intel Xeon the same rule made a transformer block
+    0.37x eager (oneDNN about 1.1 ms a call where sgemm was faster). Tiny products
+    (:data:`UNTIMED_MACS`) keep ATen's kernel without timing."""
+    from .autotune import choose
+
+    m, k = xv.shape
+    n = bv.shape[1]
+    if m * k * n <= UNTIMED_MACS:
         return False
-    return m >= 64 or (m >= 4 and k * n >= 1 << 20) or (m >= 16 and k * n >= 1 << 19)
+    op = linear_op()
+    sig = ("linear_library", (m, k, n), tuple(xv.stride()), tuple(bv.stride()),
+           biasv is not None, attr, algorithm)
+    state: dict[str, Any] = {}
+
+    def operands() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        if not state:
+            state["x"] = _strided_random(xv)
+            state["b"] = _strided_random(bv)
+            state["bias"] = (torch.randn(n, dtype=xv.dtype) if biasv is not None else None)
+        return state["x"], state["b"], state["bias"]
+
+    def aten_call() -> Any:
+        x, b, bias = operands()
+        y = torch.mm(x, b) if bias is None else torch.addmm(bias, x, b)
+        if attr == "gelu":
+            y = torch.nn.functional.gelu(y, approximate=algorithm or "none")
+        return y
+
+    def onednn_call() -> Any:
+        x, b, bias = operands()
+        return op(x, b.t(), bias, attr, [], algorithm)
+
+    return choose("linear_library", sig, {"aten": aten_call, "onednn": onednn_call},
+                  default="aten") == "onednn"
 
 
 def _scalar_is(v: Any, c: float) -> bool:
@@ -441,10 +470,9 @@ def fuse_linears(gm: torch.fx.GraphModule, mode: Any = "auto") -> int:
     (``mkldnn._linear_pointwise(x, B.t(), bias)``) where it is faster; returns how many were
     rewritten.
 
-    Why: torch's default CPU matmul (MKL's sgemm, what ``addmm`` runs) is slower than oneDNN
-    on most linear layers of the zoo on this project's machines, but not on all:
-    ``mode="auto"`` rewrites where :func:`onednn_preferred` says so, ``mode="always"`` every
-    eligible one (tests). oneDNN computes the same product in another summation order (errors
+    Why: which of torch's default CPU matmul (MKL's sgemm, what ``addmm`` runs) and oneDNN is
+    faster depends on the CPU and the sizes: ``mode="auto"`` rewrites where timing both on this
+    machine says so (:func:`onednn_chosen`), ``mode="always"`` every eligible one. oneDNN computes the same product in another summation order (errors
     against float64 within 2-3x of sgemm's). Eligible: static 2-d float32 operands, a 1-d bias
     of the output's width that is a dense graph input, alpha = beta = 1; the result is a fresh
     contiguous tensor, as addmm's. A ``gelu`` that is the product's only reader becomes
@@ -485,16 +513,13 @@ def fuse_linears(gm: torch.fx.GraphModule, mode: Any = "auto") -> int:
                                      and _static(bv) and bv.dtype == torch.float32
                                      and list(bv.shape) == [n] and (n == 1 or bv.stride(0) == 1)):
             continue
-        # measured with row-major activations only: a transposed one (a backward graph's
-        # weight gradient, ``mm(grad.t(), x)``) was as often slower
-        rows = xv.stride(1) == 1 or k == 1
-        if mode != "always" and not (rows and onednn_preferred(m, k, n)):
-            continue
         attr, algorithm, act = "none", "", _sole_gelu(node)
         if act is not None:
             # the activation as oneDNN's post-op, applied to each result in registers (gelu's
             # input has no other reader, so it is never stored: it is not a training forward)
             attr, algorithm = "gelu", act[2]
+        if mode != "always" and not onednn_chosen(xv, wv, bv, attr, algorithm):
+            continue
         with g.inserting_before(node):
             w = _weight_nk(b, g)
             new = g.call_function(op, (x, w, bias, attr, [], algorithm))
@@ -518,7 +543,8 @@ def rewrite_graph(gm: torch.fx.GraphModule,
                   options: dict[str, Any] | None = None) -> torch.fx.GraphModule:
     """``gm`` with the rewrites above applied: a copy when anything changed, else ``gm``.
     Attention first: it recognizes its inputs by the ``addmm``/``mm`` that computed them.
-    Option ``onednn_linear``: ``"auto"`` (default: where timing says oneDNN is faster),
+    Option ``onednn_linear``: ``"auto"`` (default: where timing on this machine says oneDNN is
+    faster),
     ``"always"``, or False (matrix multiplies stay on ``addmm``/``mm``)."""
     linear_mode = (options or {}).get("onednn_linear", "auto")
     if linear_mode is True:

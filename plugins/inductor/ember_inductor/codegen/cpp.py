@@ -149,12 +149,16 @@ def _hint(v: Any) -> int:
 
 def _parallel_if(work: Any) -> str | None:
     """None: run serially; "": ``omp parallel for``; " if(...)": parallel when the symbolic amount
-    of work, computed at run time, is worth it."""
+    of work, computed at run time, is worth it. The threshold is this machine's, calibrated
+    once (calibrate.py; PARALLEL_MIN_WORK where it cannot be)."""
+    from ..calibrate import parallel_min_work
+
+    least = parallel_min_work()
     if not is_symbolic(work):
-        return "" if work >= PARALLEL_MIN_WORK else None
-    if statically_true(sympy.sympify(work) >= PARALLEL_MIN_WORK):
+        return "" if work >= least else None
+    if statically_true(sympy.sympify(work) >= least):
         return ""
-    return f" if({to_c(work)} >= {PARALLEL_MIN_WORK})"
+    return f" if({to_c(work)} >= {least})"
 
 
 def compute_type(dtype: torch.dtype) -> str:

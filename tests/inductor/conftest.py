@@ -1,0 +1,17 @@
+"""Inductor tests: generated code must not depend on the machine the tests run on, so the OpenMP
+parallel threshold (calibrated once per machine in real use, ember_inductor/calibrate.py) is the
+fixed default here; tests/inductor/test_choices.py tests the calibration itself."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _fixed_parallel_threshold():
+    from ember_inductor import calibrate
+
+    prev = calibrate.override[0]
+    calibrate.override[0] = calibrate.DEFAULT
+    yield
+    calibrate.override[0] = prev
