@@ -53,8 +53,16 @@ def _no_randomness(cfg: Any) -> None:
             _no_randomness(value)
 
 
+#: ``EMBER_HF_DEVICE=cuda`` runs the corpus on a GPU (scripts/gpu_hf_corpus.py); default CPU.
+DEVICE = os.environ.get("EMBER_HF_DEVICE", "cpu")
+
+
 def build(name: str, mode: str) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
     model, inputs = models.build(name)
+    if DEVICE != "cpu":
+        model = model.to(DEVICE)
+        inputs = {k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v
+                  for k, v in inputs.items()}
     if mode == "train":
         _no_randomness(model.config)
         for m in model.modules():
