@@ -156,6 +156,8 @@ class GraphLowering:
         if meta.layout != torch.strided:
             return value
         lay = value.layout
+        if any(isinstance(s, torch.SymInt) for s in (*meta.shape, *meta.stride())):
+            return value  # symbolic: dense layouts only (realize_like_meta); int() would guard
         try:
             size = [int(s) for s in meta.shape]
             want = [int(s) for s in meta.stride()]
