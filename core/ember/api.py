@@ -114,6 +114,10 @@ def compile(model: Any = None, *, backend: str | Callable[..., Any] | Backend = 
     from .capture.frame import CompiledFunction
 
     if isinstance(model, torch.nn.Module):
+        from .distributed.ddp import compile_ddp, is_ddp
+        if is_ddp(model):
+            # DDP's bookkeeping runs as Python; the module it wraps is compiled (distributed/)
+            return OptimizedModule(model, compile_ddp(model, be, opts, fullgraph, dynamic))
         inner = CompiledFunction(type(model).forward, be, opts, fullgraph=fullgraph,
                                  bound_self=model, dynamic=dynamic)
         # The compiled model keeps entries of its own: two models of one class compiled

@@ -1,0 +1,216 @@
+"""What each spawned rank runs (tests/distributed/test_*.py). Each function batches several
+checks into one spawn (spawned processes are expensive) and asserts on every rank."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from benchmarks.accuracy import compare
+
+STEPS = 3
+
+
+# -- models -------------------------------------------------------------------------------------
+
+class MLP(torch.nn.Module):
+    def __init__(self, d: int = 64, layers: int = 4, unused: bool = False):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(d, d) for _ in range(layers))
+        self.head = torch.nn.Linear(d, 8)
+        self.unused = torch.nn.Linear(d, d) if unused else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = torch.nn.functional.gelu(layer(x))
+        return self.head(x)
+
+
+def mlp(**kw: Any) -> Callable[[], torch.nn.Module]:
+    def make() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return MLP(**kw)
+    return make
+
+
+def gpt2() -> torch.nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=96, n_positions=32,
+                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False)
+    return GPT2LMHeadModel(cfg)
+
+
+def mlp_batch(rank: int, step: int, dtype: torch.dtype = torch.float32) -> tuple[Any, ...]:
+    g = torch.Generator().manual_seed(100 * rank + step)
+    return (torch.randn(8, 64, generator=g).to(dtype),)
+
+
+def gpt2_batch(rank: int, step: int, dtype: torch.dtype = torch.float32) -> tuple[Any, ...]:
+    g = torch.Generator().manual_seed(100 * rank + step)
+    return (torch.randint(0, 96, (2, 16), generator=g),)
+
+
+def mlp_loss(out: Any, batch: tuple[Any, ...]) -> torch.Tensor:
+    return out.pow(2).mean()
+
+
+def gpt2_loss(out: Any, batch: tuple[Any, ...]) -> torch.Tensor:
+    logits = out.logits if hasattr(out, "logits") else out["logits"]
+    ids = batch[0]
+    return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
+                                             ids[:, 1:].reshape(-1))
+
+
+# -- training loops -----------------------------------------------------------------------------
+
+def train(make: Callable[[], torch.nn.Module], wrap: Callable[[torch.nn.Module], Any],
+          batch: Callable[..., tuple[Any, ...]], loss_fn: Callable[..., torch.Tensor],
+          rank: int, *, dtype: torch.dtype = torch.float32, accumulate: bool = False,
+          steps: int = STEPS) -> list[list[Any]]:
+    """Per optimizer step: [loss, grad of every parameter...] (in the model's parameter order).
+    ``accumulate``: each step is two micro-batches, the first under ``no_sync()``."""
+    model = make().to(dtype)
+    names = [n for n, _ in model.named_parameters()]
+    wrapped = wrap(model)
+    params = dict(model.named_parameters())
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    out: list[list[Any]] = []
+    for step in range(steps):
+        opt.zero_grad(set_to_none=True)
+        if accumulate:
+            ddp = wrapped if isinstance(wrapped, DDP) else getattr(wrapped, "_orig_mod", wrapped)
+            with ddp.no_sync():
+                b = batch(rank, 10 + step, dtype)
+                loss_fn(wrapped(*b), b).backward()
+        b = batch(rank, step, dtype)
+        loss = loss_fn(wrapped(*b), b)
+        loss.backward()
+        grads = [params[n].grad for n in names]
+        out.append([loss.detach().clone()] + [None if g is None else _full(g).clone()
+                                              for g in grads])
+        opt.step()
+    return out
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor (FSDP2's sharded gradient) gathered to the full tensor."""
+    full = getattr(t, "full_tensor", None)
+    return full() if full is not None else t
+
+
+def check(name: str, res: list[list[Any]], ref32: list[list[Any]], ref64: list[list[Any]],
+          rank: int, tol: float = 1e-2) -> None:
+    for step, (a, b, c) in enumerate(zip(res, ref32, ref64)):
+        r = compare(a, b, c, tol)
+        assert r.ok, f"rank {rank} {name} step {step}: {r} (loss {a[0]} vs eager {b[0]})"
+
+
+@contextlib.contextmanager
+def counting():
+    import ember
+    from ember import events
+
+    ember.reset()
+    yield events.counters
+
+
+def stats(counters: Any) -> dict[str, int]:
+    s = dict(counters["stats"])
+    return {"graphs": s.get("graphs", 0), "breaks": s.get("graph_breaks", 0),
+            "fallbacks": s.get("fallbacks", 0), "pieces": counters["ddp"].get("pieces", 0),
+            "split": counters["ddp"].get("split_graphs", 0)}
+
+
+# -- DDP ----------------------------------------------------------------------------------------
+
+def ddp_mlp(rank: int, world: int) -> None:
+    """DDP on an MLP: both wrappings, aot_eager and inductor, the bucket split, no_sync,
+    find_unused_parameters, static_graph; loss and every gradient on every rank, 3 steps."""
+    import ember
+
+    make = mlp()
+    cap = 0.01  # MiB: ~10 KB buckets; each 16 KB layer closes one
+
+    def ddp(**kw: Any) -> Callable[[torch.nn.Module], Any]:
+        return lambda m: DDP(m, bucket_cap_mb=cap, **kw)
+
+    def run(wrap: Any, **kw: Any) -> list[list[Any]]:
+        return train(make if "make" not in kw else kw.pop("make"), wrap, mlp_batch, mlp_loss,
+                     rank, **kw)
+
+    ref32 = run(ddp())
+    ref64 = run(ddp(), dtype=torch.float64)
+    for backend in ("aot_eager", "inductor"):
+        with counting() as c:
+            res = run(lambda m: ember.compile(DDP(m, bucket_cap_mb=cap), backend=backend))
+            s = stats(c)
+        check(f"ember.compile(DDP) {backend}", res, ref32, ref64, rank)
+        # one captured graph, no break, split in 4 pieces counted from the end:
+        # (head + layer 4), layer 3, layer 2, layer 1
+        assert s["graphs"] == 1 and s["breaks"] == 0 and s["fallbacks"] == 0, s
+        assert s["split"] == 1 and s["pieces"] == 4, s
+        with counting() as c:
+            res = run(lambda m: DDP(ember.compile(m, backend=backend), bucket_cap_mb=cap))
+            s = stats(c)
+        check(f"DDP(ember.compile) {backend}", res, ref32, ref64, rank)
+        assert s["graphs"] == 1 and s["breaks"] == 0 and s["split"] == 1 and s["pieces"] == 4, s
+
+    # a large bucket: one piece, no split
+    with counting() as c:
+        res = run(lambda m: ember.compile(DDP(m), backend="aot_eager"))
+        s = stats(c)
+    check("ember.compile(DDP) 25 MiB buckets", res, ref32, ref64, rank)
+    assert s["graphs"] == 1 and s["split"] == 0, s
+
+    # no_sync() accumulation
+    ref32 = run(ddp(), accumulate=True)
+    ref64 = run(ddp(), accumulate=True, dtype=torch.float64)
+    res = run(lambda m: ember.compile(DDP(m, bucket_cap_mb=cap), backend="aot_eager"),
+              accumulate=True)
+    check("no_sync", res, ref32, ref64, rank)
+
+    # find_unused_parameters=True with a parameter the forward never uses
+    unused = mlp(unused=True)
+    ref32 = run(ddp(find_unused_parameters=True), make=unused)
+    ref64 = run(ddp(find_unused_parameters=True), make=unused, dtype=torch.float64)
+    for backend in ("aot_eager",):
+        res = run(lambda m: ember.compile(DDP(m, bucket_cap_mb=cap, find_unused_parameters=True),
+                                          backend=backend), make=unused)
+        check("find_unused_parameters", res, ref32, ref64, rank)
+        assert res[-1][-1] is None and res[-1][-2] is None  # the unused layer has no grad
+
+    # static_graph=True
+    ref32 = run(ddp(static_graph=True))
+    ref64 = run(ddp(static_graph=True), dtype=torch.float64)
+    res = run(lambda m: ember.compile(DDP(m, bucket_cap_mb=cap, static_graph=True),
+                                      backend="aot_eager"))
+    check("static_graph", res, ref32, ref64, rank)
+
+
+def ddp_gpt2(rank: int, world: int) -> None:
+    """DDP on a GPT-2 from config: both wrappings (aot_eager), and inductor."""
+    import ember
+
+    cap = 0.02
+    wrap_eager = lambda m: DDP(m, bucket_cap_mb=cap)  # noqa: E731
+    ref32 = train(gpt2, wrap_eager, gpt2_batch, gpt2_loss, rank)
+    ref64 = train(gpt2, wrap_eager, gpt2_batch, gpt2_loss, rank, dtype=torch.float64)
+    cases = [("ember.compile(DDP) aot_eager",
+              lambda m: ember.compile(DDP(m, bucket_cap_mb=cap), backend="aot_eager")),
+             ("DDP(ember.compile) aot_eager",
+              lambda m: DDP(ember.compile(m, backend="aot_eager"), bucket_cap_mb=cap)),
+             ("ember.compile(DDP) inductor",
+              lambda m: ember.compile(DDP(m, bucket_cap_mb=cap), backend="inductor"))]
+    for name, wrap in cases:
+        with counting() as c:
+            res = train(gpt2, wrap, gpt2_batch, gpt2_loss, rank)
+            s = stats(c)
+        check(name, res, ref32, ref64, rank)
+        assert s["graphs"] == 1 and s["breaks"] == 0 and s["fallbacks"] == 0, (name, s)
+        assert s["split"] == 1 and s["pieces"] >= 2, (name, s)
