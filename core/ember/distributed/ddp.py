@@ -8,7 +8,7 @@ Two things make a DDP model train well when compiled:
   tensor math, and capturing it would bake one iteration's bookkeeping into a graph.
   ``ember.compile(ddp)`` therefore runs ``ddp.forward`` as Python and compiles only the inner
   module's forward: while the DDP forward runs, the inner module's ``forward`` is routed to the
-  compiled one (:class:`DDPCall`). ``DDP(ember.compile(model))`` needs nothing: DDP calls the
+  compiled one (:class:`ember.distributed.routing.RoutedCall`). ``DDP(ember.compile(model))`` needs nothing: DDP calls the
   compiled module.
 * **The graph is split at gradient-bucket boundaries** (:func:`maybe_split`). One compiled
   graph is one autograd node: every parameter's gradient appears when its whole backward ends,
@@ -31,7 +31,7 @@ import torch
 
 from .. import events
 
-__all__ = ["is_ddp", "DDPCall", "compile_ddp", "active_ddp", "maybe_split", "bucket_partition"]
+__all__ = ["is_ddp", "active_ddp", "maybe_split", "bucket_partition"]
 
 log = logging.getLogger("ember.distributed")
 
@@ -56,58 +56,6 @@ def active_ddp() -> Any:
         return None
     get = getattr(cls, "_get_active_ddp_module", None)
     return get() if get is not None else getattr(cls, "_active_ddp_module", None)
-
-
-# ---------------------------------------------------------------------------------------------
-# ember.compile(DDP(model))
-# ---------------------------------------------------------------------------------------------
-
-class DDPCall:
-    """What ``ember.compile(ddp)`` calls: ``ddp(*args)`` as Python (its hooks, ``_pre_forward``,
-    ``_post_forward``), with ``ddp.module.forward`` answered by ``inner`` (the compiled forward
-    of the wrapped module) for the duration of the call.
-
-    The routing is an instance attribute ``forward`` on the wrapped module, set on entry and
-    removed on exit; ``nn.Module.__call__`` (which DDP uses, running the module's own hooks as
-    Python) and DDP's ``self.module.forward(...)`` path both find it."""
-
-    def __init__(self, ddp: torch.nn.Module, inner: Callable[..., Any]):
-        self.ddp = ddp
-        self.inner = inner
-        self._depth = 0
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        ddp = self.ddp
-        mod = ddp.module
-        d = mod.__dict__
-        if self._depth or "forward" in d:
-            # re-entered, or the user set a forward of their own: leave it alone
-            return ddp(*args, **kwargs)
-        d["forward"] = self.inner
-        self._depth += 1
-        try:
-            return ddp(*args, **kwargs)
-        finally:
-            self._depth -= 1
-            if d.get("forward") is self.inner:
-                del d["forward"]
-
-
-def compile_ddp(ddp: torch.nn.Module, backend: Any, options: dict[str, Any], fullgraph: bool,
-                dynamic: bool | None) -> DDPCall:
-    """The call ``ember.compile(ddp)`` wraps: DDP as Python, its wrapped module compiled."""
-    from ..capture.frame import CodeCache, CompiledFunction
-
-    mod = ddp.module
-    fwd = type(mod).forward
-    inner = CompiledFunction(fwd, backend, options, fullgraph=fullgraph, bound_self=mod,
-                             dynamic=dynamic)
-    # Called as ``mod.forward`` from inside Module.__call__ (the module's hooks already ran as
-    # Python): a plain function of ``self``, not the root-module entry (which would see the
-    # routing attribute as "a forward set on the instance" and go through __call__ again).
-    inner._root_module = False
-    inner.cache = CodeCache(inner.cache.code)  # entries of its own, as ember.compile(mod)
-    return DDPCall(ddp, inner)
 
 
 # ---------------------------------------------------------------------------------------------
