@@ -34,12 +34,14 @@ def _entry(rank: int, fn: Callable[..., Any], world: int, store: str, args: tupl
 
 
 def run_ranks(fn: Callable[..., Any], *args: Any, world: int = 2, timeout: float = 150,
-              env: dict[str, str] | None = None) -> None:
-    """``fn(rank, world, *args)`` on ``world`` spawned gloo ranks; fails on error or hang."""
+              env: dict[str, str] | None = None, daemon: bool = False) -> None:
+    """``fn(rank, world, *args)`` on ``world`` spawned gloo ranks (daemonic processes with
+    ``daemon=True``, as some launchers make them); fails on error or hang."""
     with tempfile.TemporaryDirectory(prefix="ember-dist-") as tmp:
         store = os.path.join(tmp, "store")
         ctx = mp.start_processes(_entry, args=(fn, world, store, args, dict(env or {})),
-                                 nprocs=world, join=False, start_method="spawn")
+                                 nprocs=world, join=False, daemon=daemon,
+                                 start_method="spawn")
         deadline = time.monotonic() + timeout
         while not ctx.join(timeout=max(0.1, min(5.0, deadline - time.monotonic()))):
             if time.monotonic() > deadline:

@@ -329,3 +329,69 @@ def fsdp_gpt2(rank: int, world: int) -> None:
             s = stats(c)
         check(f"FSDP2 GPT-2 {mode}", res, ref32, ref64, rank)
         assert s["graphs"] >= 2 and s["fallbacks"] == 0, (mode, s)
+
+
+# -- every rank compiles the same thing, once ---------------------------------------------------
+
+def divergence(rank: int, world: int) -> None:
+    """A graph that differs between ranks, and a recompile on one rank only, raise
+    ember.RankDivergence naming them, instead of hanging."""
+    import ember
+
+    ember.config.dist_timeout = 5.0
+    lin = torch.nn.Linear(16, 16)
+
+    def f(x: torch.Tensor, scale: float) -> torch.Tensor:
+        return lin(x) * scale
+
+    cf = ember.compile(f, backend="aot_eager")
+    x = torch.randn(4, 16)
+    try:  # a Python value that differs between ranks: different graphs at the same point
+        cf(x, 2.0 + rank)
+        raise AssertionError(f"rank {rank}: no error for graphs that differ between ranks")
+    except ember.RankDivergence as e:
+        msg = str(e)
+        assert "compiled different graphs" in msg and "rank 0" in msg and "rank 1" in msg, msg
+    dist.barrier()
+
+    def g(x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(lin(x))
+
+    cg = ember.compile(g, backend="aot_eager", dynamic=False)
+    cg(x)  # both ranks compile this one: agreed
+    if rank == 0:  # a shape only rank 0 sees: it alone recompiles
+        try:
+            cg(torch.randn(5, 16))
+            raise AssertionError("rank 0: no error for a recompile on one rank only")
+        except ember.RankDivergence as e:
+            msg = str(e)
+            assert "did not compile" in msg and "[1]" in msg, msg
+            assert "guard failed" in msg and "(x).shape == (4, 16)" in msg, msg
+    dist.barrier()
+
+
+def compile_once(rank: int, world: int) -> None:
+    """With the cache directory shared by the ranks, rank 0 builds every kernel and rank 1
+    waits and loads them; works inside a daemonic process (Ember builds with threads and
+    compiler subprocesses, never child processes of multiprocessing)."""
+    import multiprocessing
+
+    import ember
+    from ember_inductor.runtime import cache
+
+    assert multiprocessing.current_process().daemon
+    from ember import events
+
+    ember.reset()
+    res = train(mlp(layers=2), lambda m: ember.compile(m, backend="inductor"), mlp_batch,
+                mlp_loss, rank, steps=2)
+    assert res[-1][0].isfinite()
+    waited = events.counters["distributed"]["waited_for_rank0"]
+    checked = events.counters["distributed"]["checked_graphs"]
+    assert checked >= 1, dict(events.counters["distributed"])
+    if rank == 0:
+        assert cache.counters["builds"] >= 1 and waited == 0, (cache.counters, waited)
+    else:
+        # rank 1 compiled after rank 0, from its kernels: no build of its own
+        assert cache.counters["builds"] == 0 and cache.counters["disk_hits"] >= 1, cache.counters
+        assert waited == checked, dict(events.counters["distributed"])
