@@ -10,5 +10,5 @@ def test_ddp_mlp():
     run_ranks(workers.ddp_mlp, timeout=240)
 
 
-def test_ddp_gpt2():
-    run_ranks(workers.ddp_gpt2, timeout=240)
+def test_ddp_and_fsdp_gpt2():
+    run_ranks(workers.gpt2_all, timeout=300)

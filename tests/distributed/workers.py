@@ -395,3 +395,16 @@ def compile_once(rank: int, world: int) -> None:
         # rank 1 compiled after rank 0, from its kernels: no build of its own
         assert cache.counters["builds"] == 0 and cache.counters["disk_hits"] >= 1, cache.counters
         assert waited == checked, dict(events.counters["distributed"])
+
+
+def gpt2_all(rank: int, world: int) -> None:
+    """GPT-2 under DDP and under FSDP2, in one spawn (spawning ranks is expensive)."""
+    ddp_gpt2(rank, world)
+    fsdp_gpt2(rank, world)
+
+
+def ranks_all(rank: int, world: int) -> None:
+    """Compile-once in daemonic ranks, then the divergence errors (after which the ranks'
+    compile numbering is no longer aligned: last)."""
+    compile_once(rank, world)
+    divergence(rank, world)
