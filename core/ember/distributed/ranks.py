@@ -175,14 +175,14 @@ def agreed(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], graph_id: st
     _tls.inside = True
     try:
         if share:
-            missing = _wait(store, [done], timeout)
-            if missing:
-                raise RankDivergence(
-                    f"ember: rank {rank} waited {timeout:g} s for rank 0 to compile graph #{seq} "
-                    f"({graph_id}) into the shared cache and it did not finish; rank 0 is stuck "
-                    "or crashed. Raise ember.config.dist_timeout for very long compiles, or set "
-                    "ember.config.dist_compile_once = False to compile on every rank at once.")
-            events.counters["distributed"]["waited_for_rank0"] += 1
+            if _wait(store, [done], timeout):
+                # every rank agreed on the graph: a slow compile on rank 0 is no divergence,
+                # so this rank compiles it itself rather than fail
+                log.warning("ember: rank %d waited %g s for rank 0 to compile graph #%d (%s) "
+                            "into the shared cache; compiling it here", rank, timeout, seq,
+                            graph_id)
+            else:
+                events.counters["distributed"]["waited_for_rank0"] += 1
         try:
             out = compile_fn()
         finally:
