@@ -283,8 +283,6 @@ def fsdp_mlp(rank: int, world: int, ckpt_dir: str) -> None:
 def dcp_roundtrip(rank: int, make: Callable[[], torch.nn.Module], ckpt_dir: str) -> None:
     import torch.distributed.checkpoint as dcp
 
-    import ember
-
     def full(m: torch.nn.Module) -> dict[str, torch.Tensor]:
         return {k: _full(v).clone() for k, v in m.state_dict().items()}
 
@@ -316,7 +314,6 @@ def dcp_roundtrip(rank: int, make: Callable[[], torch.nn.Module], ckpt_dir: str)
         assert torch.equal(v, full(compiled_model)[k]), f"rank {rank}: {k} differs (load back)"
     with torch.no_grad():
         assert torch.allclose(compiled(*b), plain(*b), rtol=1e-5, atol=1e-6)
-    del ember
 
 
 def fsdp_gpt2(rank: int, world: int) -> None:

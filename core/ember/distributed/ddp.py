@@ -95,7 +95,6 @@ def bucket_partition(gm: torch.fx.GraphModule, param_bytes: dict[str, tuple[int,
     buckets: list[list[torch.fx.Node]] = [[]]
     sizes = [0]
     seen: set[int] = set()
-    where: dict[torch.fx.Node, int] = {}
 
     def feeds_out(nodes: list[torch.fx.Node]) -> bool:
         members = set(nodes)
@@ -115,7 +114,6 @@ def bucket_partition(gm: torch.fx.GraphModule, param_bytes: dict[str, tuple[int,
                     seen.add(pid)
                     sizes[0] += nbytes
         buckets[0].append(node)
-        where[node] = 0
     if len(buckets) > 1 and sizes[0] == 0:
         # a preamble without parameters: no gradient of its own, merge it into the next piece
         buckets[1].extend(buckets[0])
