@@ -35,8 +35,11 @@ dist_check: bool = True
 #: graph the ranks share through the cache) before raising ember.RankDivergence.
 dist_timeout: float = 600.0
 #: Ranks on one host sharing the cache directory: rank 0 compiles each graph first, the others
-#: wait and load it from the on-disk caches (cold compile of an N-rank job costs about one rank's).
-dist_compile_once: bool = True
+#: wait and then compile from what it wrote to the on-disk caches (one rank builds every kernel).
+#: Off by default: on a host with a core per rank, compiling at once is as fast (the kernel
+#: cache's per-entry lock already keeps two ranks from building one kernel), see
+#: docs/distributed.md; on for many ranks sharing few cores, or compiles short of memory.
+dist_compile_once: bool = False
 #: Inline calls to user functions up to this depth (deeper calls are a graph break).
 max_inline_depth: int = 64
 #: Debug mode of code-generating backends (inductor's ``debug_fill`` option): every buffer they

@@ -380,6 +380,7 @@ def compile_once(rank: int, world: int) -> None:
     from ember import events
 
     ember.reset()
+    ember.config.dist_compile_once = True
     res = train(mlp(layers=2), lambda m: ember.compile(m, backend="inductor"), mlp_batch,
                 mlp_loss, rank, steps=2)
     assert res[-1][0].isfinite()

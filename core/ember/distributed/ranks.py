@@ -12,10 +12,10 @@ through the process group's key-value store (never a collective, which would its
 * different hashes, or a rank that never posts, raise :class:`ember.RankDivergence` naming the
   graph, the function, the ranks and (when a guard failed) the guard.
 
-Compile once (``ember.config.dist_compile_once``): the ranks whose host and cache directory are
-rank 0's wait until rank 0 has compiled the graph, then compile it themselves, which reads what
-rank 0 wrote to the on-disk caches (AOT autograd's graphs, inductor's kernels) instead of
-building it again: a cold N-rank job costs about one rank's compile, not N competing ones.
+Compile once (``ember.config.dist_compile_once``, off by default): the ranks whose host and
+cache directory are rank 0's wait until rank 0 has compiled the graph, then compile it
+themselves, which reads what rank 0 wrote to the on-disk caches (AOT autograd's graphs,
+inductor's kernels) instead of building it again: one rank builds, not N competing ones.
 
 Only graphs compiled with gradients on (training) are checked: code that runs on one rank only
 (evaluation or logging on rank 0) usually runs under ``torch.no_grad()``, and is left alone.
