@@ -71,3 +71,9 @@ def test_no_split_outside_a_ddp_forward():
     called = []
     assert maybe_split(gm, [], [], "g", lambda *a, **k: called.append(a)) is None
     assert not called
+
+
+def test_process_pools_allowed_outside_daemonic_processes():
+    from ember._workers import process_pool_allowed
+
+    assert process_pool_allowed()  # pytest's own process (the daemonic case: test_ranks.py)

@@ -378,6 +378,9 @@ def compile_once(rank: int, world: int) -> None:
 
     assert multiprocessing.current_process().daemon
     from ember import events
+    from ember._workers import process_pool_allowed
+
+    assert not process_pool_allowed()  # a process pool would fail here: callers fall back
 
     ember.reset()
     ember.config.dist_compile_once = True
