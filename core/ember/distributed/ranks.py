@@ -74,8 +74,10 @@ def active() -> bool:
 
 
 def graph_hash(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> str:
-    """A digest of the graph's code and its inputs' shapes, strides, dtypes and requires_grad."""
-    h = hashlib.sha256(gm.code.encode())
+    """A digest of the graph's code (without its comments: source locations may differ between
+    hosts) and its inputs' shapes, strides, dtypes and requires_grad."""
+    code = "\n".join(line for line in gm.code.splitlines() if not line.lstrip().startswith("#"))
+    h = hashlib.sha256(code.encode())
     for v in example_inputs:
         if isinstance(v, torch.Tensor):
             h.update(repr((tuple(v.shape), tuple(v.stride()), str(v.dtype),
