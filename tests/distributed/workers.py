@@ -162,6 +162,14 @@ def ddp_mlp(rank: int, world: int) -> None:
         check(f"DDP(ember.compile) {backend}", res, ref32, ref64, rank)
         assert s["graphs"] == 1 and s["breaks"] == 0 and s["split"] == 1 and s["pieces"] == 4, s
 
+    # again in a fresh compile: the capture is rebuilt from the on-disk store (no example
+    # values on its nodes) and still splits
+    with counting() as c:
+        res = run(lambda m: ember.compile(DDP(m, bucket_cap_mb=cap), backend="aot_eager"))
+        s = stats(c)
+    check("ember.compile(DDP) aot_eager, warm", res, ref32, ref64, rank)
+    assert s["split"] == 1 and s["pieces"] == 4, s
+
     # a large bucket: one piece, no split
     with counting() as c:
         res = run(lambda m: ember.compile(DDP(m), backend="aot_eager"))

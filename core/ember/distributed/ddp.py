@@ -141,6 +141,32 @@ def _example(meta: Any) -> Any:
     return t.requires_grad_(meta.requires_grad) if t.is_floating_point() or t.is_complex() else t
 
 
+def _has_example_values(gm: torch.fx.GraphModule) -> bool:
+    return all("example_value" in n.meta for n in gm.graph.nodes
+               if n.op in ("call_function", "call_method"))
+
+
+def _propagate(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], graph_id: str) -> bool:
+    """Give every node a fake ``meta["example_value"]`` (a graph rebuilt from the persisted
+    capture store has none): what the pieces' example inputs are made from."""
+    from torch._subclasses import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    try:
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        fakes = [mode.from_tensor(v) if isinstance(v, torch.Tensor) else v
+                 for v in example_inputs]
+        FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*fakes)
+    except Exception as e:  # the graph then compiles whole: correct, without the overlap
+        log.info("ember: cannot propagate example values through graph %s (%s: %s); compiled "
+                 "whole", graph_id, type(e).__name__, e)
+        return False
+    for n in gm.graph.nodes:
+        if "example_value" not in n.meta and "val" in n.meta:
+            n.meta["example_value"] = n.meta["val"]
+    return True
+
+
 def maybe_split(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], inputs: Sequence[Any],
                 graph_id: str, compile_piece: Callable[..., Callable[..., Any]],
                 fake_mode: Any = None) -> Callable[..., Any] | None:
@@ -174,6 +200,8 @@ def maybe_split(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], inputs:
     if len(buckets) < 2:
         return None
     part = {n: i for i, b in enumerate(buckets) for n in b}
+    if not _has_example_values(gm) and not _propagate(gm, example_inputs, graph_id):
+        return None
     from torch.fx.passes.split_module import split_module
 
     split = split_module(gm, None, lambda n: part[n], keep_original_order=True)
