@@ -164,10 +164,14 @@ def ddp_mlp(rank: int, world: int) -> None:
 
     # again in a fresh compile: the capture is rebuilt from the on-disk store (no example
     # values on its nodes) and still splits
+    from ember.capture import persist
+
+    hits = persist.counters["hits"]
     with counting() as c:
         res = run(lambda m: ember.compile(DDP(m, bucket_cap_mb=cap), backend="aot_eager"))
         s = stats(c)
     check("ember.compile(DDP) aot_eager, warm", res, ref32, ref64, rank)
+    assert persist.counters["hits"] > hits, persist.counters  # rebuilt, not traced
     assert s["split"] == 1 and s["pieces"] == 4, s
 
     # a large bucket: one piece, no split
