@@ -78,6 +78,14 @@ def _parser() -> argparse.ArgumentParser:
     dm.add_argument("--no-probes", action="store_true",
                     help="skip the fresh-process cold/warm compile measurements")
 
+    dd = sub.add_parser("ddp", help="DDP training step on gloo ranks: eager vs Ember vs "
+                                     "torch.compile, step time and all-reduce/backward overlap")
+    dd.add_argument("--world", type=int, default=2)
+    dd.add_argument("--model", default="mlp", choices=["mlp", "gpt2"])
+    dd.add_argument("--iters", type=int, default=30)
+    dd.add_argument("--bucket-cap-mb", type=float, default=4.0)
+    dd.add_argument("--out", type=Path, default=None, help="write ddp-<model>.{md,json} here")
+
     rd = sub.add_parser("render", help="re-render reports (md, csv, png, docs/benchmarks.md "
                                        "section) from saved {stem}.json files")
     rd.add_argument("json", nargs="+", type=Path,
@@ -111,6 +119,11 @@ def main(argv: list[str] | None = None) -> int:
             for kind, p in render(json.loads(path.read_text()), args.out or path.parent).items():
                 print(f"{kind}: {p}")
         return 0
+    if args.cmd == "ddp":
+        from .ddp import main as ddp_main
+
+        return ddp_main(world=args.world, model=args.model, iters=args.iters,
+                        cap_mb=args.bucket_cap_mb, out=args.out)
     if args.cmd == "demo":
         from .demo import demo
 

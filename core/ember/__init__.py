@@ -15,7 +15,7 @@ from .api import mark_dynamic, mark_static
 from .context import CompileContext
 from .exc import (BackendCompilerFailed, BackendConflict, BackendLoadError, BackendNotFound,
                   EmberError, GraphBreakError, InferenceOnlyBackend, NotImplementedYet,
-                  UnknownOption, Unsupported)
+                  RankDivergence, UnknownOption, Unsupported)
 from .hookspecs import hookimpl
 from .plugins import Backend, get_backend, list_backends, register_backend
 from . import precompile  # a callable module: ember.precompile(fn, ...), ember.precompile.load
@@ -29,7 +29,7 @@ __all__ = [
     "Unsupported", "GraphBreakError", "NotImplementedYet", "InferenceOnlyBackend", "allow_in_graph", "explain",
     "CompileContext", "precompile", "UnknownOption",
 ]
-__all__ += ["mark_dynamic", "mark_static", "DynamicShapeError"]
+__all__ += ["mark_dynamic", "mark_static", "DynamicShapeError", "RankDivergence"]
 
 
 def allow_in_graph(fn):  # noqa: ANN001, ANN201 - documented in the user guide

@@ -114,6 +114,11 @@ def compile(model: Any = None, *, backend: str | Callable[..., Any] | Backend = 
     from .capture.frame import CompiledFunction
 
     if isinstance(model, torch.nn.Module):
+        from .distributed.routing import routed_compile
+        routed = routed_compile(model, be, opts, fullgraph, dynamic)
+        if routed is not None:
+            # DDP's bookkeeping and FSDP's hooks run as Python around compiled forwards
+            return OptimizedModule(model, routed)
         inner = CompiledFunction(type(model).forward, be, opts, fullgraph=fullgraph,
                                  bound_self=model, dynamic=dynamic)
         # The compiled model keeps entries of its own: two models of one class compiled

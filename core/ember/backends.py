@@ -127,6 +127,23 @@ def check_outputs(value: Any, spec: tuple[int | None, tuple[bool, ...]], backend
             "returns must return what gm returns (gm.forward is always right).")
 
 
+def _ddp_split(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], backend: Backend,
+               options: dict[str, Any], inputs: Sequence[InputInfo] | None,
+               graph_id: str | None, fake_mode: Any) -> Callable[..., Any] | None:
+    """Inside a DDP forward: the graph split at gradient-bucket boundaries, each piece compiled
+    by :func:`compile_graph` (ember/distributed/ddp.py); None when it stays whole."""
+    from .distributed.ddp import active_ddp, maybe_split
+
+    if active_ddp() is None:
+        return None
+
+    def piece(sub: torch.fx.GraphModule, ex: list[Any], *, inputs: Any, graph_id: str) -> Any:
+        return compile_graph(sub, ex, backend, options, inputs=inputs, graph_id=graph_id)
+
+    return maybe_split(gm, example_inputs, list(inputs or ()), graph_id or "graph", piece,
+                       fake_mode=fake_mode)
+
+
 class _CheckFirstCall:
     """Calls the backend's callable; the first call's result is checked against the graph's
     output structure. ``swap`` (set by the caller) replaces this wrapper with the raw callable
@@ -161,6 +178,13 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], backe
     the backend otherwise); set its ``swap`` attribute to drop the check after that call.
     ``fake_mode``:
     the FakeTensorMode (with its ShapeEnv) of a dynamic capture, for ``CompileContext``."""
+    from .distributed import ranks
+    if ranks.active():
+        # under torch.distributed: every rank must compile this same graph now (else an error,
+        # not a hang), and ranks sharing the cache let rank 0 compile it first (distributed/)
+        return ranks.agreed(gm, example_inputs, graph_id or "graph", lambda: compile_graph(
+            gm, example_inputs, backend, options, inputs=inputs, graph_id=graph_id,
+            fake_mode=fake_mode))
     options = dict(options or {})
     options.pop("context", None)
     if not backend.training and _needs_grad(example_inputs):
@@ -170,6 +194,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], backe
             "use a backend that supports training (e.g. 'aot_eager' or 'inductor')."
         )
     gm = _run_passes(gm, "torch")
+    split = _ddp_split(gm, example_inputs, backend, options, inputs, graph_id, fake_mode)
+    if split is not None:
+        return split
     context = make_context(gm, example_inputs, backend, options, inputs, graph_id, fake_mode)
     spec = _output_spec(gm)
     t0 = time.perf_counter()

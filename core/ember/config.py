@@ -12,7 +12,7 @@ import os
 from typing import Any, Iterator
 
 __all__ = ["recompile_limit", "suppress_errors", "verbose", "cache_dir", "aot_cache",
-           "persist_capture", "patch"]
+           "persist_capture", "dist_check", "dist_timeout", "dist_compile_once", "patch"]
 
 #: Guard misses for one code object before Ember gives up and runs it eagerly.
 recompile_limit: int = 8
@@ -28,6 +28,18 @@ aot_cache: bool = True
 #: every object they refer to and the entry's guards (ember/capture/persist.py).
 #: ``EMBER_PERSIST_CAPTURE=0`` turns it off.
 persist_capture: bool = True
+#: Under torch.distributed (initialized, world size > 1): check at each compile that every rank
+#: compiles the same graph, raising ember.RankDivergence instead of hanging (ember/distributed).
+dist_check: bool = True
+#: Seconds a rank waits for the others at a compile (their graph hash, or rank 0's compile of a
+#: graph the ranks share through the cache) before raising ember.RankDivergence.
+dist_timeout: float = 600.0
+#: Ranks on one host sharing the cache directory: rank 0 compiles each graph first, the others
+#: wait and then compile from what it wrote to the on-disk caches (one rank builds every kernel).
+#: Off by default: on a host with a core per rank, compiling at once is as fast (the kernel
+#: cache's per-entry lock already keeps two ranks from building one kernel), see
+#: docs/distributed.md; on for many ranks sharing few cores, or compiles short of memory.
+dist_compile_once: bool = False
 #: Inline calls to user functions up to this depth (deeper calls are a graph break).
 max_inline_depth: int = 64
 #: Debug mode of code-generating backends (inductor's ``debug_fill`` option): every buffer they
@@ -49,7 +61,8 @@ def _coerce(current: Any, raw: str) -> Any:
 def _apply_env() -> None:
     g = globals()
     for name in ("recompile_limit", "suppress_errors", "verbose", "cache_dir", "max_inline_depth",
-                 "aot_cache", "persist_capture", "debug_fill"):
+                 "aot_cache", "persist_capture", "debug_fill", "dist_check", "dist_timeout",
+                 "dist_compile_once"):
         raw = os.environ.get("EMBER_" + name.upper())
         if raw is not None:
             g[name] = _coerce(g[name], raw)

@@ -13,6 +13,7 @@ __all__ = [
     "NotImplementedYet",
     "InferenceOnlyBackend",
     "UnknownOption",
+    "RankDivergence",
 ]
 
 
@@ -65,3 +66,9 @@ class Unsupported(EmberError):
 
 class GraphBreakError(EmberError):
     """``fullgraph=True`` and the function does not capture as one graph; lists every break."""
+
+
+class RankDivergence(EmberError):
+    """Under ``torch.distributed``: the ranks did not compile the same graphs (one rank compiled
+    a graph the others did not, or a different one). Raised instead of hanging in the next
+    collective; the message names the graph, the function and the ranks."""

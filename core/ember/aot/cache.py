@@ -211,7 +211,9 @@ def _canon_graph(gm: fx.GraphModule) -> list[str]:
             target = str(n.target)
         else:  # get_attr / call_module: state the text cannot describe
             raise Uncacheable(f"{n.op} node in the torch-level graph")
-        out.append(f"{n.op} {n.name} {target} {_canon(n.args)} {_canon(n.kwargs)}")
+        ckpt = n.meta.get("custom", {}).get("ember_recompute")  # activation checkpointing
+        out.append(f"{n.op} {n.name} {target} {_canon(n.args)} {_canon(n.kwargs)}"
+                   + (f" recompute={ckpt}" if ckpt is not None else ""))
     return out
 
 

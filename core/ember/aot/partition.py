@@ -60,6 +60,21 @@ def is_recomputable(n: fx.Node) -> bool:
     return t.is_view
 
 
+def is_checkpointed(n: fx.Node) -> bool:
+    """A forward value of an activation-checkpointed region (``torch.utils.checkpoint``):
+    recomputed in the backward, never saved (random ops excepted)."""
+    return "ember_recompute" in n.meta.get("custom", ()) and not is_random(n)
+
+
+def _leaves_region(n: fx.Node, fwd_needed: set[fx.Node]) -> bool:
+    """Does a forward value of a checkpointed region feed forward code outside the region
+    (``fwd_needed``: what the forward outputs are computed from)?"""
+    region = n.meta["custom"]["ember_recompute"]
+    return any(u.op == "output" or (u in fwd_needed and
+                                    u.meta.get("custom", {}).get("ember_recompute") != region)
+               for u in n.users)
+
+
 def _tensor_bytes(v: Any) -> int | None:
     if isinstance(v, torch.Tensor):
         return max(1, _hint(v.numel() * v.element_size()))
@@ -215,6 +230,7 @@ def partition_joint(joint: fx.GraphModule, n_primals: int, n_fwd_outs: int,
 
     saved: list[fx.Node] = []
     if bw_needs:
+        fwd_needed = _ancestors([o for o in fwd_outs if isinstance(o, fx.Node)])
         fg = _FlowGraph()
         fg.v("source"); fg.v("sink")
         for n in g.nodes:
@@ -223,10 +239,15 @@ def partition_joint(joint: fx.GraphModule, n_primals: int, n_fwd_outs: int,
             nb = _tensor_bytes(n.meta.get("val"))
             if nb is None and is_sym_node(n):
                 nb = 1  # a size costs next to nothing to save (never recomputed: not cheap)
-            fg.add(f"{n.name}_in", f"{n.name}_out", nb if nb is not None else INF)
+            # a value of a checkpointed region that only its own region reads is never saved;
+            # the region's outputs may be (the next region's inputs, as eager saves them)
+            ckpt = n.op != "placeholder" and is_checkpointed(n) and not _leaves_region(
+                n, fwd_needed)
+            fg.add(f"{n.name}_in", f"{n.name}_out", nb if nb is not None and not ckpt else INF)
             # Inputs and expensive/random ops exist in the forward; a cheap op the forward needs
-            # may still be recomputed in the backward from what is saved.
-            if n.op == "placeholder" or not is_recomputable(n):
+            # may still be recomputed in the backward from what is saved. Values of a
+            # checkpointed region are all recomputed, from the region's inputs.
+            if n.op == "placeholder" or not (ckpt or is_recomputable(n)):
                 fg.add("source", f"{n.name}_in", INF)
             if n in bw_needs:
                 fg.add(f"{n.name}_out", "sink", INF)

@@ -70,8 +70,22 @@ _RNN_FUNCS = frozenset(getattr(torch._VF, n) for n in ("lstm", "gru", "rnn_tanh"
 
 
 def _user_tensors(gm: torch.fx.GraphModule, xs: Sequence[torch.Tensor]) -> list[Any]:
+    if has_recompute(gm):
+        # activation checkpointing: run node by node with each node's meta current, so that
+        # make_fx copies ``meta["custom"]`` (the recompute tag) onto the ATen nodes it records
+        with torch.fx.traceback.preserve_node_meta():
+            flat, _ = pytree.tree_flatten(torch.fx.Interpreter(gm).run(*xs))
+        return flat
     flat, _ = pytree.tree_flatten(gm(*xs))
     return flat
+
+
+def has_recompute(gm: Any) -> bool:
+    """Does ``gm`` hold nodes of an activation-checkpointed region (capture's
+    ``meta["custom"]["ember_recompute"]``)?"""
+    graph = getattr(gm, "graph", None)
+    return graph is not None and any("ember_recompute" in n.meta.get("custom", ())
+                                     for n in graph.nodes)
 
 
 def _functionalize(g1: torch.fx.GraphModule, fakes: Sequence[Any], mode: FakeTensorMode,
@@ -83,7 +97,10 @@ def _functionalize(g1: torch.fx.GraphModule, fakes: Sequence[Any], mode: FakeTen
             return torch.fx.Interpreter(g1).run(*args)
 
     fn = torch.func.functionalize(replay, remove="mutations")
-    with mode:
+    import contextlib
+    keep_meta = torch.fx.traceback.preserve_node_meta() if has_recompute(g1) else \
+        contextlib.nullcontext()
+    with mode, keep_meta:
         g2 = _make_fx(fn, decomps, symbolic)(*fakes)
     _cleanup(g2)
     return g2

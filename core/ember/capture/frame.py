@@ -414,7 +414,7 @@ class CompiledFunction:
         from . import persist  # opt-in: a warm start's first call rebuilt without tracing
         from .convert import convert_frame
 
-        with _Compiling():
+        with _Compiling(), _saved_tensor_hooks_suspended():
             entry = persist.load(self, args, kwargs, compile_graph) if persist.enabled() else None
             if entry is not None:
                 self._saw_modules(args)  # as a traced capture would have
@@ -466,6 +466,27 @@ class CompiledFunction:
                              root_args=tuple(code.co_varnames[:n]))
 
 
+class _saved_tensor_hooks_suspended:
+    """Compiling runs (fake) tensor code: it must not reach saved-tensor hooks the caller has
+    installed (``torch.utils.checkpoint`` counts what its forward saves, and a compile inside a
+    checkpointed function would add to the count). Pops them for the compile, then restores."""
+
+    def __enter__(self) -> None:
+        import torch
+
+        a = torch._C._autograd
+        self.hooks = []
+        while (top := a._top_saved_tensors_default_hooks(True)) is not None:
+            self.hooks.append(top)
+            a._pop_saved_tensors_default_hooks()
+
+    def __exit__(self, *exc: Any) -> None:
+        import torch
+
+        for pack, unpack in reversed(self.hooks):
+            torch._C._autograd._push_saved_tensors_default_hooks(pack, unpack)
+
+
 def _retry_static(policy: Any, e: BaseException) -> bool:
     """Should a failed dynamic-shape capture be retried with static shapes? Not when the user
     marked dims dynamic (their error must surface), nor for a user error or a fullgraph break."""
@@ -509,8 +530,9 @@ def _module_call_fn(cls: type) -> types.FunctionType:
 
 
 def _is_user_error(e: BaseException) -> bool:
-    from ..exc import BackendLoadError, BackendNotFound, InferenceOnlyBackend, NotImplementedYet
+    from ..exc import (BackendLoadError, BackendNotFound, InferenceOnlyBackend, NotImplementedYet,
+                       RankDivergence)
     from .symbolic import DynamicShapeError
 
     return isinstance(e, (BackendNotFound, BackendLoadError, NotImplementedYet,
-                          InferenceOnlyBackend, DynamicShapeError))
+                          InferenceOnlyBackend, DynamicShapeError, RankDivergence))

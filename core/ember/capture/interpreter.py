@@ -800,10 +800,40 @@ class Tracer:
                 out = [self.wrap(v, source_of(n, kind)) for n, v in named_results]
         return IteratorVar(out)
 
+    def call_checkpoint(self, args: list[Var], kwargs: dict[str, Var]) -> Var:
+        """``torch.utils.checkpoint.checkpoint(fn, *args)``: ``fn`` is inlined into the graph
+        as a region whose nodes carry ``meta["custom"]["ember_recompute"]``; AOT autograd's
+        partitioner saves the region's inputs and recomputes its values in the backward (random
+        ops excepted: their results are saved, so the backward sees the forward's draw, as
+        eager's ``preserve_rng_state`` does). No graph break per checkpointed block."""
+        kw = dict(kwargs)
+        context_fn = kw.pop("context_fn", None)
+        for k in ("use_reentrant", "preserve_rng_state", "determinism_check", "debug"):
+            kw.pop(k, None)
+        if context_fn is not None and not (
+                isinstance(context_fn, FunctionVar) and
+                context_fn.value.__name__ == "noop_context_fn"):
+            raise Unsupported("torch.utils.checkpoint.checkpoint with a context_fn (selective "
+                              "activation checkpointing) is not traced",
+                              hint="Ember runs it between graphs; drop context_fn to compile it")
+        if not args:
+            raise Unsupported("torch.utils.checkpoint.checkpoint() without a function")
+        graph = self.out.graph
+        before = set(graph.nodes)
+        _checkpoint_regions[0] += 1
+        region = _checkpoint_regions[0]
+        res = self.call(args[0], list(args[1:]), kw)
+        for n in graph.nodes:
+            if n not in before and n.op in ("call_function", "call_method", "call_module"):
+                n.meta["custom"] = {**n.meta.get("custom", {}), "ember_recompute": region}
+        return res
+
     def call_function_var(self, fn: Var, args: list[Var], kwargs: dict[str, Var]) -> Var:
         from .frame import is_allowed_in_graph, is_disabled
         if isinstance(fn, FunctionVar):
             f = fn.value
+            if _is_checkpoint(f):
+                return self.call_checkpoint(args, kwargs)
             if is_disabled(f):
                 raise Unsupported(f"{f.__qualname__} is marked ember.disable")
             if is_allowed_in_graph(f):
@@ -1991,3 +2021,15 @@ def _instructions(code: types.CodeType) -> list[dis.Instruction]:
     if ins is None:
         ins = _INSTR_CACHE[code] = [i for i in dis.get_instructions(code) if i.opname != "CACHE"]
     return ins
+
+
+_checkpoint_regions = [0]
+
+
+def _is_checkpoint(f: Any) -> bool:
+    """Is ``f`` ``torch.utils.checkpoint.checkpoint`` (or the function it wraps)?"""
+    mod = sys.modules.get("torch.utils.checkpoint")
+    if mod is None:
+        return False
+    ck = getattr(mod, "checkpoint", None)
+    return ck is not None and (f is ck or f is getattr(ck, "__wrapped__", None))

@@ -56,7 +56,11 @@ def active() -> bool:
 
 
 def _dispatch(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-    if not _tls.scopes or id(self) in _tls.busy or _from_ember():
+    if not _tls.scopes or id(self) in _tls.busy or _from_ember() or \
+            torch._C._autograd._top_saved_tensors_default_hooks(True) is not None:
+        # (under saved-tensor hooks, e.g. inside an eager torch.utils.checkpoint region: the
+        # recomputation must run the very code the forward ran, and entries shared by the
+        # instances of a class may not be the one the forward took)
         return torch.nn.Module.__call__(self, *args, **kwargs)
     backend, options, dynamic = _tls.scopes[-1]
     fn = _compiled_for(self, backend, options, dynamic)

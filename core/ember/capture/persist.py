@@ -581,6 +581,9 @@ def _dumps_graph(gm: fx.GraphModule) -> list[Any]:
             target = n.target
         else:
             raise _Refuse(f"{n.op} node in the captured graph")
+        if "ember_recompute" in n.meta.get("custom", ()):
+            # the format does not carry the recompute tag: such a capture is traced again
+            raise _Refuse("an activation-checkpointed region (torch.utils.checkpoint)")
         nodes.append([n.op, n.name, target, _enc(n.args), _enc(dict(n.kwargs)),
                       n.meta.get("stack_trace")])
     return nodes
