@@ -124,7 +124,7 @@ class TritonTarget(Target):
     def call(self, region: Any, args: list[str], desc: str, ops: str) -> list[str]:
         from .triton import wrapper_call
 
-        return wrapper_call(region, args, desc, ops)
+        return wrapper_call(region, args, desc, ops, self.device)
 
 
 _CPP = CppTarget()

@@ -1,0 +1,438 @@
+"""Ember's Triton runtime: build the kernels of a graph ahead, cache the binaries and tuning
+choices on disk, launch without Triton's per-call dispatch.
+
+* :func:`load_kernels` (called once when a wrapper is loaded) imports the graph's kernel module
+  (written once into the cache, content-addressed, so Triton can read its source) and returns one
+  :class:`Launcher` per kernel. On a GPU the kernels are compiled ahead, in parallel, with
+  Triton's compile API (``triton.compile(ASTSource(...))``), each with its cached tuning choice
+  or its default configuration.
+* Binaries: each compiled kernel's files (cubin and metadata) are copied into
+  ``<cache>/triton/<k[:2]>/<k>/`` with a manifest of their sha256 written last; ``k`` hashes the
+  module source, the kernel, its configuration and the machine (GPU name and capability, CUDA
+  driver, torch and Triton versions). A warm start rebuilds the ``CompiledKernel`` from those
+  files: no Triton compilation. Entries are published by an atomic rename; a corrupt one is
+  rebuilt. Nothing is pickled.
+* Tuning (GPU only): at a kernel's first launch, when no choice is cached, its candidate
+  configurations (block sizes, warps) are compiled and timed with CUDA events on the real
+  arguments; the fastest is kept and stored in the text store (``triton-tune``), keyed like the
+  binaries. Under the interpreter nothing is tuned.
+* Launch: a :class:`Launcher` call computes the grid from the sizes the wrapper passes and calls
+  the compiled kernel's launcher (``CompiledKernel.run``) positionally: no argument binding, no
+  specialization and no cache lookup per call. Under ``TRITON_INTERPRET=1`` (CPU tensors) it
+  calls the interpreted kernel (``kernel[grid](...)``).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import inspect
+import json
+import logging
+import os
+import pathlib
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Sequence
+
+from ember import _store
+
+from .triton_math import interpreting
+
+__all__ = ["load_kernels", "Launcher", "counters", "machine_key"]
+
+log = logging.getLogger("ember.inductor.triton")
+
+FORMAT_VERSION = 1
+
+#: what this process did: ``compiles`` (triton.compile runs), ``disk_hits`` (binaries loaded from
+#: Ember's cache), ``tuned`` (kernels tuned by timing), ``tune_hits`` (choices read from the
+#: cache), ``fast_launchers`` / ``jit_launchers`` (kernels launched by the precomputed path or
+#: through Triton's JIT call), ``fallbacks`` (kernels whose ahead build failed: JIT call).
+counters: dict[str, int] = {"compiles": 0, "disk_hits": 0, "tuned": 0, "tune_hits": 0,
+                            "fast_launchers": 0, "jit_launchers": 0, "fallbacks": 0}
+
+_modules: dict[str, Any] = {}
+_lock = threading.Lock()
+
+
+def _module(source: str) -> Any:
+    """The kernel module of ``source``: written once into the cache (Triton reads a kernel's
+    source from its file), imported once per process."""
+    key = hashlib.sha256(source.encode()).hexdigest()
+    with _lock:
+        mod = _modules.get(key)
+        if mod is not None:
+            return mod
+        path = _store.cache_dir() / "triton" / "src" / key[:2] / f"k{key}.py"
+        if not path.exists() or path.read_text() != source:
+            _store.atomic_write(path, source.encode())
+        name = f"ember_triton_{key[:16]}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+        _modules[key] = mod
+        return mod
+
+
+@functools.lru_cache(None)
+def machine_key() -> str:
+    """The GPU (name, capability), the CUDA driver, torch and Triton: what decides a binary and
+    a tuning choice."""
+    import torch
+    import triton
+
+    parts = [f"format={FORMAT_VERSION}", f"torch={torch.__version__}",
+             f"triton={triton.__version__}"]
+    if torch.cuda.is_available():
+        dev = torch.cuda.current_device()
+        parts.append(f"gpu={torch.cuda.get_device_name(dev)}")
+        parts.append(f"cc={torch.cuda.get_device_capability(dev)}")
+        try:
+            parts.append(f"driver={torch._C._cuda_getDriverVersion()}")
+        except Exception:  # noqa: BLE001 - older torch: the CUDA runtime's version instead
+            parts.append(f"cuda={torch.version.cuda}")
+    return "\n".join(parts)
+
+
+def _entry_key(source: str, name: str, config: dict[str, int]) -> str:
+    h = hashlib.sha256()
+    for part in (machine_key(), source, name, json.dumps(config, sort_keys=True)):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _tune_key(source: str, name: str, sizes: Sequence[Any]) -> str:
+    h = hashlib.sha256()
+    for part in (machine_key(), source, name, repr(list(sizes))):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+# -- building ---------------------------------------------------------------------------------
+
+def _ast_source(fn: Any, spec: dict[str, Any], config: dict[str, int]) -> Any:
+    from triton.compiler import ASTSource
+
+    signature = {p: t for p, t in zip(spec["params"], spec["signature"])}
+    consts = {k: v for k, v in config.items() if k not in ("num_warps", "num_stages")}
+    for k in consts:
+        signature[k] = "constexpr"
+    # every pointer is 16-byte aligned (the launcher checks the graph's inputs each call)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(spec["signature"])
+             if t.startswith("*")}
+    return ASTSource(fn, signature, constexprs=consts, attrs=attrs)
+
+
+def _options(config: dict[str, int]) -> dict[str, int]:
+    return {"num_warps": int(config.get("num_warps", 4)),
+            "num_stages": int(config.get("num_stages", 1))}
+
+
+def _compile(fn: Any, spec: dict[str, Any], config: dict[str, int]) -> Any:
+    import triton
+
+    counters["compiles"] += 1
+    src = _ast_source(fn, spec, config)
+    return triton.compile(src, options=_options(config))
+
+
+def _entry_dir(key: str) -> pathlib.Path:
+    return _store.cache_dir() / "triton" / "bin" / key[:2] / key
+
+
+def _sha(path: pathlib.Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _load_binary(fn: Any, spec: dict[str, Any], config: dict[str, int], key: str) -> Any:
+    """The CompiledKernel from Ember's cache, or None (absent, corrupt, other format)."""
+    d = _entry_dir(key)
+    manifest = d / "manifest.json"
+    try:
+        m = json.loads(manifest.read_text())
+        if m.get("format") != FORMAT_VERSION:
+            return None
+        group = {}
+        for fname, digest in m["files"].items():
+            p = d / fname
+            if _sha(p) != digest:
+                log.warning("Triton cache entry %s is corrupt; rebuilding", d)
+                return None
+            group[fname] = str(p)
+        from triton.compiler.compiler import CompiledKernel
+
+        ck = CompiledKernel(_ast_source(fn, spec, config), group, m["hash"])
+        counters["disk_hits"] += 1
+        return ck
+    except (OSError, ValueError, KeyError, StopIteration):
+        return None
+
+
+def _store_binary(ck: Any, key: str) -> None:
+    """Copy ``ck``'s files (binary, metadata) into Ember's cache; publish by renaming the
+    folder (a concurrent writer of the same key wrote the same content: theirs stays)."""
+    d = _entry_dir(key)
+    if (d / "manifest.json").exists():
+        return
+    group = getattr(ck, "metadata_group", None) or {}
+    if not group:
+        return
+    d.parent.mkdir(parents=True, exist_ok=True)
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{key}.", dir=d.parent))
+    try:
+        files = {}
+        for fname, p in group.items():
+            shutil.copyfile(p, tmp / fname)
+            files[fname] = _sha(tmp / fname)
+        _store.atomic_write(tmp / "manifest.json", json.dumps(
+            {"format": FORMAT_VERSION, "hash": ck.hash, "files": files}).encode())
+        if d.exists():  # an incomplete or corrupt entry: replace it
+            shutil.rmtree(d, ignore_errors=True)
+        try:
+            os.rename(tmp, d)
+        except OSError:
+            pass  # another process published it first
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _build(source: str, fn: Any, spec: dict[str, Any], config: dict[str, int]) -> Any:
+    key = _entry_key(source, spec["name"], config)
+    ck = _load_binary(fn, spec, config, key)
+    if ck is None:
+        ck = _compile(fn, spec, config)
+        try:
+            _store_binary(ck, key)
+        except OSError as e:
+            log.warning("cannot store Triton binary in Ember's cache: %s", e)
+    return ck
+
+
+# -- launching --------------------------------------------------------------------------------
+
+_FAST_PARAMS = ["gridX", "gridY", "gridZ", "stream", "function", "kernel_metadata",
+                "launch_metadata", "launch_enter_hook", "launch_exit_hook"]
+
+
+def _fast_path(ck: Any) -> Any:
+    """``ck``'s launcher when it takes the arguments this module passes (Triton 3.4 and later:
+    grid, stream, function, metadata, hooks, then the kernel's arguments); else None."""
+    try:
+        run = ck.run
+        params = list(inspect.signature(run.__call__ if not inspect.isfunction(run) else run)
+                      .parameters)
+    except (TypeError, ValueError, AttributeError):
+        return None
+    if params[:len(_FAST_PARAMS)] != _FAST_PARAMS:
+        return None
+    try:
+        from triton import knobs
+
+        if knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None:
+            return None  # a profiler hook: Triton's own path calls it
+    except ImportError:
+        pass
+    return run
+
+
+class Launcher:
+    """One kernel: ``launcher(*numels, *args)`` (the sizes its grid covers, then its
+    parameters, positionally as in the kernel's signature)."""
+
+    def __init__(self, source: str, fn: Any, spec: dict[str, Any]):
+        self.source = source
+        self.fn = fn
+        self.spec = spec
+        self.name = spec["name"]
+        self.n_numels = len(spec["numels"])
+        self.config = dict(spec["config"])
+        self.consts = tuple(v for k, v in self.config.items()
+                            if k not in ("num_warps", "num_stages"))
+        self.ck = None
+        self._run: Any = None
+        self._interpret = interpreting()
+        # graph inputs and constants may be views at any offset: checked for alignment per call
+        self._check = [i for i, p in enumerate(spec["params"])
+                       if spec["signature"][i].startswith("*") and not p.startswith("buf")]
+        self._tuned = False
+
+    def _grid(self, numels: Sequence[int], config: dict[str, int]) -> int:
+        if self.spec["grid"] == "2d":
+            y, x = numels
+            return -(-y // config["YBLOCK"]) * -(-x // config["XBLOCK"])
+        return -(-numels[0] // config["XBLOCK"])
+
+    def prepare(self, config: dict[str, int] | None = None) -> None:
+        """Build (or load) the binary of ``config`` (default: the current one)."""
+        if config is not None:
+            self.config = dict(config)
+            self.consts = tuple(v for k, v in self.config.items()
+                                if k not in ("num_warps", "num_stages"))
+        self.ck = _build(self.source, self.fn, self.spec, self.config)
+        self._run = _fast_path(self.ck)
+        counters["fast_launchers" if self._run is not None else "jit_launchers"] += 1
+
+    def __call__(self, *a: Any) -> None:
+        numels, args = a[:self.n_numels], a[self.n_numels:]
+        if self._interpret:
+            grid = self._grid(numels, self.config)
+            if grid:
+                self.fn[(grid,)](*args, *self.consts)
+            return
+        if not self._tuned:
+            self._first_call(numels, args)
+        for i in self._check:
+            if args[i].data_ptr() & 15:
+                return self._jit(numels, args)
+        grid = self._grid(numels, self.config)
+        if grid == 0:
+            return None
+        run = self._run
+        if run is not None:
+            import torch
+            stream = torch._C._cuda_getCurrentRawStream(args[0].device.index)
+            ck = self.ck
+            run(grid, 1, 1, stream, ck.function, ck.packed_metadata, None, None, None,
+                *args, *self.consts)
+        elif self.ck is not None:
+            self.ck[(grid, 1, 1)](*args, *self.consts)
+        else:
+            self._jit(numels, args)
+        return None
+
+    def _jit(self, numels: Sequence[int], args: Sequence[Any]) -> None:
+        grid = self._grid(numels, self.config)
+        if grid:
+            consts = {k: v for k, v in self.config.items()
+                      if k not in ("num_warps", "num_stages")}
+            self.fn[(grid,)](*args, **consts, num_warps=self.config.get("num_warps", 4))
+
+    def _first_call(self, numels: Sequence[int], args: Sequence[Any]) -> None:
+        """Tune (or read the cached choice), then build the chosen binary."""
+        self._tuned = True
+        from .cache import get_text, put_text
+
+        try:
+            cands = [c for c in self.spec.get("candidates", [])]
+            tkey = _tune_key(self.source, self.name, numels)
+            choice = get_text("triton-tune", tkey) if cands else None
+            if choice is not None:
+                counters["tune_hits"] += 1
+                self.prepare(json.loads(choice))
+                return
+            if len(cands) > 1 and all(getattr(a, "is_cuda", True) for a in args
+                                      if hasattr(a, "data_ptr")):
+                best = self._tune(numels, args, cands)
+                put_text("triton-tune", tkey, json.dumps(best, sort_keys=True))
+                self.prepare(best)
+                return
+            if self.ck is None:
+                self.prepare()
+        except Exception as e:  # noqa: BLE001 - a user's program never fails for this
+            log.warning("Triton kernel %s: ahead build/tuning failed (%s: %s); using Triton's "
+                        "JIT call", self.name, type(e).__name__, e)
+            counters["fallbacks"] += 1
+            self.ck, self._run = None, None
+
+    def _tune(self, numels: Sequence[int], args: Sequence[Any],
+              cands: list[dict[str, int]]) -> dict[str, int]:
+        import torch
+
+        base = dict(self.config)
+        configs = [dict(c) for c in cands]
+        if base not in configs:
+            configs.insert(0, base)
+        with ThreadPoolExecutor(max_workers=min(8, len(configs))) as pool:
+            built = list(pool.map(lambda c: self._try_build(c), configs))
+        times = []
+        stream = torch.cuda.current_stream()
+        for cfg, ck in zip(configs, built):
+            if ck is None:
+                continue
+            consts = tuple(v for k, v in cfg.items() if k not in ("num_warps", "num_stages"))
+            grid = self._grid(numels, cfg)
+            if grid == 0:
+                return base
+
+            def launch() -> None:
+                ck[(grid, 1, 1)](*args, *consts)
+            try:
+                launch()
+                stream.synchronize()
+                reps = 10
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
+                    enable_timing=True)
+                start.record()
+                for _ in range(reps):
+                    launch()
+                end.record()
+                end.synchronize()
+                times.append((start.elapsed_time(end) / reps, cfg))
+            except Exception as e:  # noqa: BLE001 - a candidate that does not run loses
+                log.debug("candidate %s of %s failed: %s", cfg, self.name, e)
+        counters["tuned"] += 1
+        if not times:
+            return base
+        times.sort(key=lambda t: t[0])
+        log.debug("tuned %s on %s: %s", self.name, list(numels),
+                  ", ".join(f"{c}: {t * 1e3:.1f} us" for t, c in times))
+        return times[0][1]
+
+    def _try_build(self, cfg: dict[str, int]) -> Any:
+        try:
+            return _build(self.source, self.fn, self.spec, cfg)
+        except Exception as e:  # noqa: BLE001 - e.g. out of resources for this block size
+            log.debug("candidate %s of %s does not build: %s", cfg, self.name, e)
+            return None
+
+
+def load_kernels(source: str, specs: dict[str, dict[str, Any]]) -> dict[str, Launcher]:
+    """Import the kernel module and make a :class:`Launcher` per kernel; on a GPU build every
+    kernel whose tuning choice is cached (or which has no candidates) ahead, in parallel."""
+    mod = _module(source)
+    launchers = {name: Launcher(source, getattr(mod, name), spec) for name, spec in specs.items()}
+    if interpreting():
+        for ln in launchers.values():
+            ln._tuned = True
+        return launchers
+    from .cache import get_text
+
+    todo = []
+    for ln in launchers.values():
+        if not ln.spec.get("candidates"):
+            todo.append((ln, None))
+            continue
+        try:  # static sizes: the tuning choice of an earlier run, if any
+            numels = [int(n) for n in ln.spec["numels"]]
+        except ValueError:
+            continue
+        choice = get_text("triton-tune", _tune_key(source, ln.name, numels))
+        if choice is not None:
+            counters["tune_hits"] += 1
+            todo.append((ln, json.loads(choice)))
+
+    def ahead(item: tuple[Launcher, Any]) -> None:
+        ln, config = item
+        try:
+            ln.prepare(config)
+            ln._tuned = True
+        except Exception as e:  # noqa: BLE001 - falls back to the JIT call at first launch
+            log.warning("Triton kernel %s does not build ahead (%s: %s)", item[0].name,
+                        type(e).__name__, e)
+    if todo:
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=min(len(todo), os.cpu_count() or 1)) as pool:
+            list(pool.map(ahead, todo))
+        log.debug("built %d Triton kernels ahead in %.2fs", len(todo), time.perf_counter() - t0)
+    return launchers
