@@ -627,8 +627,11 @@ class TritonKernel:
         if name not in self.written:
             self.written.append(name)
         idims = _dims_of(m.store_index, self.symdims)
-        mask, mdims = self.mask_for(idims)
         ptr = f"{name} + {_tl(m.store_index)}" if m.store_index != 0 else name
+        if not value.dims <= idims:  # one element written by a block (a full reduction)
+            ptr += f" + {self.zeros(value.dims - idims)}"
+            idims = idims | value.dims
+        mask, mdims = self.mask_for(idims)
         v = str(value)
         if value.const is not None:
             v = self.full(value)
