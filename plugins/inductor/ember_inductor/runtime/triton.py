@@ -118,6 +118,11 @@ def _tune_key(source: str, name: str, sizes: Sequence[Any]) -> str:
     return h.hexdigest()
 
 
+def _tune_enabled() -> bool:
+    """``EMBER_TRITON_TUNE=0`` keeps every kernel's heuristic configuration (tests)."""
+    return os.environ.get("EMBER_TRITON_TUNE", "1") != "0"
+
+
 # -- building ---------------------------------------------------------------------------------
 
 def _ast_source(fn: Any, spec: dict[str, Any], config: dict[str, int]) -> Any:
@@ -143,7 +148,13 @@ def _compile(fn: Any, spec: dict[str, Any], config: dict[str, int]) -> Any:
 
     counters["compiles"] += 1
     src = _ast_source(fn, spec, config)
-    return triton.compile(src, options=_options(config))
+    try:
+        return triton.compile(src, options=_options(config))
+    except (TypeError, KeyError, AssertionError) as e:
+        # another Triton's form of the alignment attributes: compile without them
+        log.debug("triton.compile with alignment attributes failed (%s); without them", e)
+        src.attrs = {}
+        return triton.compile(src, options=_options(config))
 
 
 def _entry_dir(key: str) -> pathlib.Path:
@@ -257,8 +268,10 @@ class Launcher:
         self.name = spec["name"]
         self.n_numels = len(spec["numels"])
         self.config = dict(spec["config"])
-        self.consts = tuple(v for k, v in self.config.items()
-                            if k not in ("num_warps", "num_stages"))
+        # the kernel's constexpr parameters, in its signature's order (a cached choice is JSON
+        # with sorted keys: never rely on a config's key order)
+        self.const_names = [k for k in spec["config"] if k not in ("num_warps", "num_stages")]
+        self.consts = tuple(self.config[k] for k in self.const_names)
         self.ck = None
         self._run: Any = None
         self._interpret = interpreting()
@@ -277,8 +290,7 @@ class Launcher:
         """Build (or load) the binary of ``config`` (default: the current one)."""
         if config is not None:
             self.config = dict(config)
-            self.consts = tuple(v for k, v in self.config.items()
-                                if k not in ("num_warps", "num_stages"))
+            self.consts = tuple(self.config[k] for k in self.const_names)
         self.ck = _build(self.source, self.fn, self.spec, self.config)
         self._run = _fast_path(self.ck)
         counters["fast_launchers" if self._run is not None else "jit_launchers"] += 1
@@ -331,7 +343,7 @@ class Launcher:
                 counters["tune_hits"] += 1
                 self.prepare(json.loads(choice))
                 return
-            if len(cands) > 1 and all(getattr(a, "is_cuda", True) for a in args
+            if len(cands) > 1 and _tune_enabled() and all(getattr(a, "is_cuda", True) for a in args
                                       if hasattr(a, "data_ptr")):
                 best = self._tune(numels, args, cands)
                 put_text("triton-tune", tkey, json.dumps(best, sort_keys=True))
@@ -360,7 +372,7 @@ class Launcher:
         for cfg, ck in zip(configs, built):
             if ck is None:
                 continue
-            consts = tuple(v for k, v in cfg.items() if k not in ("num_warps", "num_stages"))
+            consts = tuple(cfg[k] for k in self.const_names)
             grid = self._grid(numels, cfg)
             if grid == 0:
                 return base
