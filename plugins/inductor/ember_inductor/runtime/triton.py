@@ -3,7 +3,8 @@ choices on disk, launch without Triton's per-call dispatch.
 
 * :func:`load_kernels` (called once when a wrapper is loaded) imports the graph's kernel module
   (written once into the cache, content-addressed, so Triton can read its source) and returns one
-  :class:`Launcher` per kernel. On a GPU the kernels are compiled ahead, in parallel, with
+  :class:`Launcher` per kernel. On a GPU the kernels are compiled ahead (a thread pool,
+  ``EMBER_TRITON_COMPILE_THREADS``, default 1), with
   Triton's compile API (``triton.compile(ASTSource(...))``), each with its cached tuning choice
   or its default configuration.
 * Binaries: each compiled kernel's files (cubin and metadata) are copied into
@@ -116,6 +117,17 @@ def _tune_key(source: str, name: str, sizes: Sequence[Any]) -> str:
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()
+
+
+def _workers(n: int) -> int:
+    """Threads compiling kernels at once: ``EMBER_TRITON_COMPILE_THREADS`` (default 1: Triton's
+    compile holds the GIL for most of its passes, and concurrent compiles in one process were
+    not validated on both Triton versions yet)."""
+    try:
+        want = int(os.environ.get("EMBER_TRITON_COMPILE_THREADS", "1"))
+    except ValueError:
+        want = 1
+    return max(1, min(n, want))
 
 
 def _tune_enabled() -> bool:
@@ -365,7 +377,7 @@ class Launcher:
         configs = [dict(c) for c in cands]
         if base not in configs:
             configs.insert(0, base)
-        with ThreadPoolExecutor(max_workers=min(8, len(configs))) as pool:
+        with ThreadPoolExecutor(max_workers=_workers(len(configs))) as pool:
             built = list(pool.map(lambda c: self._try_build(c), configs))
         times = []
         stream = torch.cuda.current_stream()
@@ -444,7 +456,7 @@ def load_kernels(source: str, specs: dict[str, dict[str, Any]]) -> dict[str, Lau
                         type(e).__name__, e)
     if todo:
         t0 = time.perf_counter()
-        with ThreadPoolExecutor(max_workers=min(len(todo), os.cpu_count() or 1)) as pool:
+        with ThreadPoolExecutor(max_workers=_workers(len(todo))) as pool:
             list(pool.map(ahead, todo))
         log.debug("built %d Triton kernels ahead in %.2fs", len(todo), time.perf_counter() - t0)
     return launchers

@@ -73,8 +73,8 @@ class _NumpyLibdevice:
             else:
                 out = np.asarray(out)
                 dt = tl.int32
-            shape = list(out.shape)
-            ty = tl.block_type(dt, shape) if shape else dt
+            block = any(isinstance(a, tl.core.tensor) and a.type.is_block() for a in args)
+            ty = tl.block_type(dt, list(out.shape)) if block and out.shape else dt
             return tl.core.tensor(TensorHandle(out, dt), ty)
         return call
 
