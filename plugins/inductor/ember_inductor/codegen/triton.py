@@ -61,7 +61,9 @@ ERR_ZERO_DIV = 2
 #: functions under the interpreter: runtime/triton_math.py).
 PRELUDE = '''import triton
 import triton.language as tl
-from ember_inductor.runtime.triton_math import libdevice
+from ember_inductor.runtime.triton_math import select_libdevice
+
+libdevice = select_libdevice()  # Triton's; numpy's under TRITON_INTERPRET=1
 
 
 @triton.jit

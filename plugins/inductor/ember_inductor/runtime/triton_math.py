@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
-__all__ = ["libdevice", "interpreting"]
+__all__ = ["libdevice", "interpreting", "select_libdevice"]
 
 
 def interpreting() -> bool:
@@ -79,7 +79,9 @@ class _NumpyLibdevice:
         return call
 
 
-def _select() -> Any:
+def select_libdevice() -> Any:
+    """numpy's functions under the interpreter (read now: a kernel module calls this when it is
+    imported), else Triton's libdevice."""
     if interpreting():
         return _NumpyLibdevice()
     from triton.language.extra import libdevice as lib
@@ -87,4 +89,7 @@ def _select() -> Any:
     return lib
 
 
-libdevice = _select()
+def __getattr__(name: str) -> Any:
+    if name == "libdevice":
+        return select_libdevice()
+    raise AttributeError(name)
