@@ -251,24 +251,44 @@ _FAST_PARAMS = ["gridX", "gridY", "gridZ", "stream", "function", "kernel_metadat
 
 
 def _fast_path(ck: Any) -> Any:
-    """``ck``'s launcher when it takes the arguments this module passes (Triton 3.4 and later:
-    grid, stream, function, metadata, hooks, then the kernel's arguments); else None."""
+    """``ck``'s launcher when it takes the arguments this module passes — grid, stream,
+    function, packed metadata, launch metadata and the two hooks, then the kernel's arguments,
+    as ``CompiledKernel.__getitem__``'s runner passes them (Triton 3.x): checked on the
+    launcher's signature, or on the runner's source where the launcher takes ``*args``; else
+    None (the runner is used)."""
     try:
         run = ck.run
         params = list(inspect.signature(run.__call__ if not inspect.isfunction(run) else run)
                       .parameters)
     except (TypeError, ValueError, AttributeError):
         return None
-    if params[:len(_FAST_PARAMS)] != _FAST_PARAMS:
+    ok = params[:len(_FAST_PARAMS)] == _FAST_PARAMS
+    if not ok:
+        try:
+            runner = inspect.getsource(type(ck).__getitem__)
+        except (OSError, TypeError):
+            runner = ""
+        ok = ("self.run(grid[0], grid[1], grid[2], stream, self.function, "
+              "self.packed_metadata" in " ".join(runner.split()))
+    if not ok:
         return None
     try:
         from triton import knobs
 
-        if knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None:
-            return None  # a profiler hook: Triton's own path calls it
-    except ImportError:
+        for hook in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook):
+            # a profiler's hook (Triton 3.9: a chain, empty unless one is added): Triton's own
+            # path calls it (checked when the kernel is loaded)
+            if hook is not None and getattr(hook, "calls", True):
+                return None
+    except (ImportError, AttributeError):
         pass
     return run
+
+
+def _stream(device_index: int) -> int:
+    import torch
+
+    return torch._C._cuda_getCurrentRawStream(device_index)
 
 
 class Launcher:
@@ -292,6 +312,8 @@ class Launcher:
         # graph inputs and constants may be views at any offset: checked for alignment per call
         self._check = [i for i, p in enumerate(spec["params"])
                        if spec["signature"][i].startswith("*") and not p.startswith("buf")]
+        self._ptrs = [i for i, t in enumerate(spec["signature"]) if t.startswith("*")]
+        self._device = 0
         self._tuned = False
 
     def _grid(self, numels: Sequence[int], config: dict[str, int]) -> int:
@@ -318,20 +340,29 @@ class Launcher:
             return
         if not self._tuned:
             self._first_call(numels, args)
+        run = self._run
+        if run is not None:
+            # the fast path: pointers as integers (the C launcher then skips its per-pointer
+            # attribute lookups), graph inputs checked for the 16-byte alignment compiled in
+            args = list(args)
+            for i in self._ptrs:
+                args[i] = args[i].data_ptr()
+            for i in self._check:
+                if args[i] & 15:
+                    return self._jit(numels, a[self.n_numels:])
+            grid = self._grid(numels, self.config)
+            if grid:
+                ck = self.ck
+                run(grid, 1, 1, _stream(self._device), ck.function, ck.packed_metadata, None,
+                    None, None, *args, *self.consts)
+            return None
         for i in self._check:
             if args[i].data_ptr() & 15:
                 return self._jit(numels, args)
         grid = self._grid(numels, self.config)
         if grid == 0:
             return None
-        run = self._run
-        if run is not None:
-            import torch
-            stream = torch._C._cuda_getCurrentRawStream(args[0].device.index)
-            ck = self.ck
-            run(grid, 1, 1, stream, ck.function, ck.packed_metadata, None, None, None,
-                *args, *self.consts)
-        elif self.ck is not None:
+        if self.ck is not None:
             self.ck[(grid, 1, 1)](*args, *self.consts)
         else:
             self._jit(numels, args)
@@ -347,6 +378,8 @@ class Launcher:
     def _first_call(self, numels: Sequence[int], args: Sequence[Any]) -> None:
         """Tune (or read the cached choice), then build the chosen binary."""
         self._tuned = True
+        dev = getattr(args[0], "device", None) if args else None
+        self._device = dev.index if dev is not None and dev.index is not None else 0
         from .cache import get_text, put_text
 
         try:
@@ -433,7 +466,11 @@ def load_kernels(source: str, specs: dict[str, dict[str, Any]]) -> dict[str, Lau
             ln._tuned = True
         return launchers
     from .cache import get_text
+    import torch
 
+    dev = torch.cuda.current_device() if torch.cuda.is_available() else 0
+    for ln in launchers.values():
+        ln._device = dev
     todo = []
     for ln in launchers.values():
         if not ln.spec.get("candidates"):

@@ -1,0 +1,82 @@
+"""The GPU launch path's argument handling, without a GPU: a compiled kernel's launcher is
+called positionally with the grid, the stream, the function, the metadata, no hooks, then the
+pointers as integers and the constexprs in the kernel's order; a graph input that is not
+16-byte aligned goes through Triton's JIT call instead; a launcher whose signature is not the
+one expected is not used."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from triton_util import DEVICE
+
+pytestmark = pytest.mark.skipif(DEVICE != "cpu", reason="fakes the GPU launcher")
+
+
+class FakeCK:
+    function = "FUNCTION"
+    packed_metadata = "META"
+
+    def __init__(self):
+        self.calls = []
+
+        class Run:
+            def __call__(s, gridX, gridY, gridZ, stream, function, kernel_metadata,  # noqa: N805
+                         launch_metadata, launch_enter_hook, launch_exit_hook, *args):
+                self.calls.append((gridX, gridY, gridZ, stream, function, kernel_metadata,
+                                   launch_metadata, launch_enter_hook, launch_exit_hook, *args))
+        self.run = Run()
+
+
+def _launcher(monkeypatch):
+    from ember_inductor.runtime import triton as rt
+
+    spec = {"name": "k", "params": ["arg0", "buf1", "s0"], "signature": ["*fp32", "*fp32", "i64"],
+            "grid": "1d", "config": {"XBLOCK": 64, "RBLOCK": 8, "num_warps": 4},
+            "candidates": [], "checked": False, "numels": ["s0"]}
+    ln = rt.Launcher("src", None, spec)
+    ln._interpret = False
+    ln._tuned = True
+    ln.ck = FakeCK()
+    ln._run = rt._fast_path(ln.ck)
+    monkeypatch.setattr(rt, "_stream", lambda dev: 1234)
+    jit = []
+    monkeypatch.setattr(ln, "_jit", lambda numels, args: jit.append((numels, args)))
+    # a cached choice comes back as JSON with sorted keys: the constexprs keep the kernel's order
+    ln.prepare_config = None
+    return rt, ln, jit
+
+
+def test_fast_launch_arguments(monkeypatch):
+    rt, ln, jit = _launcher(monkeypatch)
+    assert ln._run is not None
+    ln.config = {"RBLOCK": 8, "XBLOCK": 64, "num_warps": 4}
+    ln.consts = tuple(ln.config[k] for k in ln.const_names)
+    x, y = torch.zeros(200), torch.zeros(200)
+    ln(200, x, y, 200)
+    assert ln.ck.calls == [(4, 1, 1, 1234, "FUNCTION", "META", None, None, None,
+                            x.data_ptr(), y.data_ptr(), 200, 64, 8)]
+    assert not jit
+    ln(0, x, y, 0)  # an empty grid launches nothing
+    assert len(ln.ck.calls) == 1
+
+
+def test_misaligned_input_uses_jit(monkeypatch):
+    rt, ln, jit = _launcher(monkeypatch)
+    base = torch.zeros(201)
+    x = base[1:]  # 4 bytes past an aligned address
+    ln(200, x, torch.zeros(200), 200)
+    assert not ln.ck.calls and len(jit) == 1
+
+
+def test_unknown_launcher_signature_is_not_used():
+    from ember_inductor.runtime import triton as rt
+
+    class Other:
+        def run(self, a, b):
+            pass
+
+        def __getitem__(self, grid):
+            return lambda *args: None
+    assert rt._fast_path(Other()) is None
