@@ -41,6 +41,7 @@ def _launcher(monkeypatch):
     ln.ck = FakeCK()
     ln._run = rt._fast_path(ln.ck)
     monkeypatch.setattr(rt, "_stream", lambda dev: 1234)
+    ln._device = 0
     jit = []
     monkeypatch.setattr(ln, "_jit", lambda numels, args: jit.append((numels, args)))
     # a cached choice comes back as JSON with sorted keys: the constexprs keep the kernel's order
@@ -48,11 +49,14 @@ def _launcher(monkeypatch):
     return rt, ln, jit
 
 
-def test_fast_launch_arguments(monkeypatch):
+@pytest.mark.parametrize("specialized", [True, False])
+def test_fast_launch_arguments(monkeypatch, specialized):
     rt, ln, jit = _launcher(monkeypatch)
     assert ln._run is not None
     ln.config = {"RBLOCK": 8, "XBLOCK": 64, "num_warps": 4}
     ln.consts = tuple(ln.config[k] for k in ln.const_names)
+    if specialized:  # the per-kernel function prepare() makes
+        ln._fast = ln._specialize()
     x, y = torch.zeros(200), torch.zeros(200)
     ln(200, x, y, 200)
     assert ln.ck.calls == [(4, 1, 1, 1234, "FUNCTION", "META", None, None, None,
@@ -62,8 +66,11 @@ def test_fast_launch_arguments(monkeypatch):
     assert len(ln.ck.calls) == 1
 
 
-def test_misaligned_input_uses_jit(monkeypatch):
+@pytest.mark.parametrize("specialized", [True, False])
+def test_misaligned_input_uses_jit(monkeypatch, specialized):
     rt, ln, jit = _launcher(monkeypatch)
+    if specialized:
+        ln._fast = ln._specialize()
     base = torch.zeros(201)
     x = base[1:]  # 4 bytes past an aligned address
     ln(200, x, torch.zeros(200), 200)

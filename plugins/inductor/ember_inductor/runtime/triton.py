@@ -291,6 +291,10 @@ def _stream(device_index: int) -> int:
     return torch._C._cuda_getCurrentRawStream(device_index)
 
 
+class _Unaligned(Exception):
+    """A graph input not 16-byte aligned: launched through Triton's JIT call instead."""
+
+
 class Launcher:
     """One kernel: ``launcher(*numels, *args)`` (the sizes its grid covers, then its
     parameters, positionally as in the kernel's signature)."""
@@ -313,6 +317,7 @@ class Launcher:
         self._check = [i for i, p in enumerate(spec["params"])
                        if spec["signature"][i].startswith("*") and not p.startswith("buf")]
         self._ptrs = [i for i, t in enumerate(spec["signature"]) if t.startswith("*")]
+        self._fast: Any = None
         self._device = 0
         self._tuned = False
 
@@ -329,9 +334,49 @@ class Launcher:
             self.consts = tuple(self.config[k] for k in self.const_names)
         self.ck = _build(self.source, self.fn, self.spec, self.config)
         self._run = _fast_path(self.ck)
+        self._fast = self._specialize() if self._run is not None else None
         counters["fast_launchers" if self._run is not None else "jit_launchers"] += 1
 
+    def _specialize(self) -> Any:
+        """A function made for this kernel and configuration: ``f(*numels, *args)`` computes
+        the grid, checks the graph inputs' alignment, and calls the launcher with the pointers
+        as integers — one Python frame, no loops, no lookups by name."""
+        n = self.n_numels
+        sig = self.spec["signature"]
+        names = [f"a{i}" for i in range(len(sig))]
+        nums = [f"n{i}" for i in range(n)]
+        if self.spec["grid"] == "2d":
+            grid = (f"-(-n0 // {self.config['YBLOCK']}) * -(-n1 // {self.config['XBLOCK']})")
+        else:
+            grid = f"-(-n0 // {self.config['XBLOCK']})"
+        lines = [f"def launch({', '.join(nums + names)}):"]
+        for i in range(len(sig)):
+            if sig[i].startswith("*"):
+                lines.append(f"    a{i} = a{i}.data_ptr()")
+        if self._check:
+            cond = " or ".join(f"a{i} & 15" for i in self._check)
+            lines.append(f"    if {cond}:")
+            lines.append(f"        return slow(({', '.join(nums)},), ({', '.join(names)},))")
+        lines.append(f"    g = {grid}")
+        lines.append("    if g:")
+        lines.append(f"        run(g, 1, 1, stream(dev), function, meta, None, None, None, "
+                     f"{', '.join(names + [repr(c) for c in self.consts])})")
+        ns: dict[str, Any] = {"run": self._run, "stream": _stream, "dev": self._device,
+                              "function": self.ck.function, "meta": self.ck.packed_metadata,
+                              "slow": self._slow_unaligned}
+        exec("\n".join(lines), ns)  # noqa: S102 - generated from the spec, no user input
+        return ns["launch"]
+
+    def _slow_unaligned(self, numels: Sequence[int], ptr_args: Sequence[Any]) -> None:
+        raise _Unaligned
+
     def __call__(self, *a: Any) -> None:
+        fast = self._fast
+        if fast is not None:
+            try:
+                return fast(*a)
+            except _Unaligned:
+                return self._jit(a[:self.n_numels], a[self.n_numels:])
         numels, args = a[:self.n_numels], a[self.n_numels:]
         if self._interpret:
             grid = self._grid(numels, self.config)
