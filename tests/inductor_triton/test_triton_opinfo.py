@@ -22,7 +22,8 @@ SUBSET = ["abs", "add", "addcmul", "clamp", "div.no_rounding_mode", "div.floor_r
           "mean", "var_mean", "softmax", "log_softmax", "nn.functional.layer_norm",
           "nn.functional.gelu", "where", "cat", "gather", "index_select",
           "nn.functional.embedding", "nn.functional.pad.constant", "sigmoid", "tanh", "std",
-          "prod", "rsqrt", "maximum", "logical_and", "nn.functional.silu"]
+          "prod", "rsqrt", "maximum", "logical_and", "nn.functional.silu",
+          "nn.functional.logsigmoid", "nn.functional.multilabel_soft_margin_loss"]
 OK = {"right", "random", "skip"}
 
 

@@ -418,11 +418,13 @@ class TritonOps:
                         else:
                             self.k.check_always(ERR_ZERO_DIV)
                         fmt[1] = str(self._emit(f"tl.where({zero}, 1, {b})", b.dtype, b))
-                if all(a.const is not None for a in args) or (
-                        name in ("truediv", "pow", "atan2", "copysign", "hypot", "fmod",
-                                 "floordiv", "remainder", "maximum", "minimum")
-                        and args[0].const is not None):
+                if all(a.const is not None for a in args):
                     fmt[0] = self.k.full(args[0])
+                elif args[0].const is not None and name in (
+                        "truediv", "pow", "atan2", "copysign", "hypot", "fmod", "floordiv",
+                        "remainder", "maximum", "minimum", "fmax", "fmin"):
+                    # a literal first operand: a tensor shaped and typed as the other one
+                    fmt[0] = f"(tl.zeros_like({args[1]}) + {args[0]})"
                 return self._emit(table[name].format(*fmt), dt, *args)
             raise NotImplementedError(f"Triton codegen: {name}")
         return op
