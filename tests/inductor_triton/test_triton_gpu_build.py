@@ -24,6 +24,9 @@ GRAPHS = {
                                       (i * 7) // (i + 1)),
                   lambda: (torch.randn(48, 40), torch.randn(40, 48), torch.tensor([[1, 3], [0, 2]]),
                            torch.randn(5, 8))),
+    # few long rows: split across programs (a workspace and a finishing kernel)
+    "split": (lambda x, m: (x.sum(), x.amax(0), (x * 2).sum(0), m.any()),
+              lambda: (torch.randn(40000, 3), torch.rand(40000, 3) > 0.5)),
     "dtypes": (lambda a, b, c: (a.double() * 2 + 1, (b & (b > 0)) | ~b, c.to(torch.int8) * 3),
                lambda: (torch.randn(10, 7), torch.rand(10, 7) > 0.5,
                         torch.randint(-5, 5, (10, 7)))),
@@ -111,4 +114,5 @@ def test_kernels_compile_for_gpu_and_cache_roundtrip(tmp_path, py):
     out = json.loads(line[-1][7:])
     assert not out["errors"], "\n".join(out["errors"])
     assert len(out["compiled"]) >= 16, out["compiled"]
+    assert any("_fin/" in c for c in out["compiled"]), "no split reduction was built"
     assert out["roundtrip"] and out["corrupt_is_miss"], out

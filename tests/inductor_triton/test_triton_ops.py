@@ -213,3 +213,20 @@ def test_mm_epilogue_and_scalar_reduction():
         return h, h.sum(), (h * h).mean()
     x, w, b = t(8, 16), t(16, 12), t(12)
     assert_same(compile_triton(fn)(x, w, b), fn(x, w, b), atol=1e-4, rtol=1e-4)
+
+
+def test_split_reductions(monkeypatch):
+    """Few long rows: each row's reduction is split across programs (partial results in a
+    workspace, then a finishing kernel); forced on here with small thresholds."""
+    from ember_inductor.codegen import triton as tcg
+
+    monkeypatch.setattr(tcg, "SPLIT_IN_INTERPRETER", [True])
+    monkeypatch.setattr(tcg, "SPLIT_MIN_LENGTH", [2000])
+    monkeypatch.setattr(tcg, "SPLIT_CHUNK", [700])
+
+    def fn(x, m):
+        return (x.sum(), x.amax(), (x * 2).sum(0), x.prod(0), m.any(), m.all(0),
+                x.mean(1, keepdim=True))
+    x = t(3000, 3) * 0.1 + 1
+    m = t(3000, 3) > -3
+    assert_same(compile_triton(fn)(x, m), fn(x, m), atol=1e-4, rtol=1e-4)

@@ -584,6 +584,92 @@ class TritonKernel:
             body, spec = self._pointwise_1d()
         return body, spec
 
+    def split_parts(self) -> int:
+        """How many programs share each row of a reduction group that is long rows and few of
+        them (a full sum, a bias gradient over a large batch): 0 where the group is not
+        split. Only groups of one loop block of plain reductions, all stored."""
+        g = self.g
+        if self.interpret and not SPLIT_IN_INTERPRETER[0]:
+            return 0
+        if len(g.blocks) != 1 or not g.blocks[0].inner:
+            return 0
+        ms = g.blocks[0].members
+        if not all(isinstance(m.node.data, Reduction) and m.node.data.reduction_type in (
+                "sum", "prod", "max", "min", "any", "all") for m in ms):
+            return 0
+        if any(m.node.name in self.sched.local for m in ms):
+            return 0
+        xn = product(g.outer) if g.outer else 1
+        rn = product(g.blocks[0].inner)
+        xn = size_hint(xn) if is_symbolic(xn) else int(xn)
+        rn = size_hint(rn) if is_symbolic(rn) else int(rn)
+        if xn > SPLIT_MAX_ROWS or rn < SPLIT_MIN_LENGTH[0]:
+            return 0
+        return max(2, min(SPLIT_MAX_PARTS, next_pow2(-(-rn // SPLIT_CHUNK[0]))))
+
+    def generate_split(self, split: int) -> list[tuple[str, KernelSpec]]:
+        """Two kernels: ``<name>`` reduces ``split`` slices of every row into a workspace
+        (``xnumel * split`` programs), ``<name>_fin`` combines each row's partial results and
+        stores them as the group would have."""
+        g = self.g
+        self.split = split
+        self.static = not any(is_symbolic(x) for x in g.outer) and not any(
+            is_symbolic(x) for x in g.blocks[0].inner)
+        self.dim_order = ["x", "r"]
+        self.block_mask = {"x": "xmask"}
+        xnumel = product(g.outer) if g.outer else 1
+        self.line(f"xnumel = {_tl(xnumel)}")
+        self.line(f"xindex = tl.program_id(0) // {split} + tl.zeros([XBLOCK, 1], tl.int32)")
+        self.line("xmask = xindex < xnumel")
+        names = [f"x{i}" for i in range(len(g.outer))]
+        self._index_vars("x", "xindex", g.outer, names)
+        for nm in names:
+            self.symdims[nm] = frozenset("x")
+        self.line("rbase = tl.arange(0, RBLOCK)[None, :]")
+        ops = TritonOps(self)
+        b = g.blocks[0]
+        with set_ops_handler(ops):
+            self._looped_block(b, 0)
+        members = [m for m in b.members]
+        for m in members:
+            self.use(f"ws_{m.node.name}")
+            self.written.append(f"ws_{m.node.name}")
+            self.dtypes[f"ws_{m.node.name}"] = _ws_dtype(m)
+        xn = size_hint(xnumel) if is_symbolic(xnumel) else int(xnumel)
+        rb = 1024 if not self.interpret else 256
+        cfg = {"XBLOCK": 1, "RBLOCK": rb, "num_warps": 4 if not self.interpret else 1}
+        cands = [] if self.interpret else [{"XBLOCK": 1, "RBLOCK": r, "num_warps": w}
+                                             for r, w in ((512, 4), (1024, 4), (2048, 8))]
+        part_src, part_spec = self._finish(["XBLOCK", "RBLOCK"], "1d", cfg, cands,
+                                           [xnumel * split])
+        part_spec.allocs = [(f"ws_{m.node.name}", to_py(xnumel * split), _ws_dtype(m))
+                            for m in members]  # type: ignore[attr-defined]
+        # the finishing kernel
+        fin = TritonKernel(self.name + "_fin", g, self.sched, self.dtypes, self.interpret)
+        fin.static = self.static
+        fin.dim_order = ["x", "r"]
+        fin.block_mask = {"x": "xmask"}
+        fin.line(f"xnumel = {_tl(xnumel)}")
+        fin.line("xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
+        fin.line("xmask = xindex < xnumel")
+        fin._index_vars("x", "xindex", g.outer, names)
+        for nm in names:
+            fin.symdims[nm] = frozenset("x")
+        fin.line("rindex = tl.arange(0, RBLOCK)[None, :]")
+        for m in members:
+            red = m.node.data
+            ws = f"ws_{m.node.name}"
+            fin.use(ws)
+            init = _reduction_init(red.reduction_type, red.src_dtype)
+            v = fin.new_tmp()
+            fin.line(f"{v} = tl.load({ws} + (xindex * {split} + rindex), xmask, other={init})")
+            out = fin.new_tmp()
+            fin.line(f"{out} = {fin._combine(red.reduction_type, v, 'rindex')}")
+            fin._finish_reduction(m, out)
+        fcfg = {"XBLOCK": max(1, min(next_pow2(xn), 64)), "RBLOCK": split, "num_warps": 1 if self.interpret else 2}
+        fin_src, fin_spec = fin._finish(["XBLOCK", "RBLOCK"], "1d", fcfg, [], [xnumel])
+        return [(part_src, part_spec), (fin_src, fin_spec)]
+
     def _header(self, size_syms: list[str], constexprs: list[str]) -> tuple[str, list[str],
                                                                                list[str]]:
         params, sig = [], []
@@ -902,6 +988,11 @@ class TritonKernel:
 
     def _finish_reduction(self, m: Member, out: str) -> None:
         red = m.node.data
+        if getattr(self, "split", 0):  # a partial result: into the workspace
+            ws = f"ws_{m.node.name}"
+            self.line(f"tl.store({ws} + (xindex * {self.split} + tl.program_id(0) % "
+                      f"{self.split}), {out}, xmask)")
+            return
         dt = torch.int64 if red.reduction_type in ("argmax", "argmin") else red.src_dtype
         if red.reduction_type in ("any", "all"):
             dt = torch.bool
@@ -924,14 +1015,22 @@ class TritonKernel:
             if red.reduction_type in ("argmax", "argmin"):
                 self.line(f"{acc}_i = tl.zeros([XBLOCK, RBLOCK], tl.int64)")
             accs[m.node.name] = acc
-        self.line(f"# block {bi}: rows of {_tl(rnumel)}, looped")
-        self.line(f"for roffset in range(0, {_tl(rnumel)}, RBLOCK):")
+        split = getattr(self, "split", 0)
+        if split:
+            self.line(f"# block {bi}: rows of {_tl(rnumel)}, split in {split} parts")
+            self.line(f"rchunk = tl.cdiv({_tl(rnumel)}, {split})")
+            self.line("rstart = (tl.program_id(0) % " + str(split) + ") * rchunk")
+            self.line(f"rend = tl.minimum(rstart + rchunk, {_tl(rnumel)})")
+            self.line("for roffset in range(rstart, rend, RBLOCK):")
+        else:
+            self.line(f"# block {bi}: rows of {_tl(rnumel)}, looped")
+            self.line(f"for roffset in range(0, {_tl(rnumel)}, RBLOCK):")
         self.indent += 1
         self.hoist = {"pos": len(self.lines) - 1, "indent": self.indent - 1,
                       "scope": self.scopes[-1]}
         self.scopes.append({})
         self.line("rindex = roffset + rbase")
-        self.line(f"rmask = rindex < {_tl(rnumel)}")
+        self.line(f"rmask = rindex < {'rend' if split else _tl(rnumel)}")
         self._rvars(b, "rindex")
         self.symdims["rindex"] = frozenset("r")
         self.block_mask = {"x": "xmask", "r": "rmask"}
@@ -999,6 +1098,23 @@ class TritonKernel:
         return src, spec
 
 
+#: a reduction group is split across programs when it has at most SPLIT_MAX_ROWS rows of at
+#: least SPLIT_MIN_LENGTH elements, in parts of about SPLIT_CHUNK (at most SPLIT_MAX_PARTS);
+#: lists so that tests can change them (and turn splitting on under the interpreter)
+SPLIT_MAX_ROWS = 64
+SPLIT_MIN_LENGTH = [32768]
+SPLIT_CHUNK = [4096]
+SPLIT_MAX_PARTS = 256
+SPLIT_IN_INTERPRETER = [False]
+
+
+def _ws_dtype(m: Member) -> torch.dtype:
+    red = m.node.data
+    if red.reduction_type in ("any", "all"):
+        return torch.bool
+    return compute_dtype(red.src_dtype)
+
+
 def _spans(graph: Any) -> dict[str, int]:
     """Elements of storage each named buffer spans (2**62 where symbolic)."""
     cached = getattr(graph, "_triton_spans", None)
@@ -1031,10 +1147,13 @@ def generate_triton(sched: Scheduler, dtypes: dict[str, torch.dtype],
         specs = []
         for gi, g in enumerate(step.groups):
             name = f"{step.name}_{gi}" if len(step.groups) > 1 else step.name
-            src, spec = TritonKernel(name, g, sched, dtypes, interpret).generate()
-            parts.append("\n" + src)
-            kernels[name] = spec
-            specs.append(spec)
+            tk = TritonKernel(name, g, sched, dict(dtypes), interpret)
+            split = tk.split_parts()
+            made = tk.generate_split(split) if split else [tk.generate()]
+            for src, spec in made:
+                parts.append("\n" + src)
+                kernels[spec.name] = spec
+                specs.append(spec)
         step.kernels = specs  # type: ignore[attr-defined]
         step.checked = any(s.checked for s in specs)  # type: ignore[attr-defined]
         step.size_args = []  # type: ignore[attr-defined]
@@ -1060,12 +1179,18 @@ def wrapper_call(region: Any, args: list[str], desc: str, ops: str, device: str)
     if getattr(region, "checked", False):
         lines.append(f"    status = torch.zeros(1, dtype=torch.int32, device={device!r})")
     for spec in region.kernels:
+        for ws, size, dtype in getattr(spec, "allocs", []):
+            lines.append(f"    {ws} = torch.empty(({size},), dtype={dtype}, device={device!r})"
+                         "  # partial results of a split reduction")
         numels = ", ".join(spec.numels)
         params = list(spec.params)
         call = f"{spec.name}({numels}, {', '.join(params)})"
         lines.append(f"    {call}")
     if region.kernels:
         lines[-1] += f"  # {desc}"[:200]
+    ws = [w for spec in region.kernels for w, _, _ in getattr(spec, "allocs", [])]
+    if ws:
+        lines.append(f"    del {', '.join(ws)}")
     if getattr(region, "checked", False):
         lines.append("    if status.item():  # a sync: only graphs with checked indices or divisions")
         lines.append(f"        _kernel_failed(status.item(), {region.name!r}, {ops!r})")
