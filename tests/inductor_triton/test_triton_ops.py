@@ -66,6 +66,8 @@ def test_integer_division(dtype):
     assert_same(compile_triton(fn)(a, b), fn(a, b))
 
 
+@pytest.mark.skipif(DEVICE != "cpu", reason="eager's CUDA kernels do not raise on an integer "
+                    "division by zero (nor does the Triton target there)")
 def test_integer_division_by_zero_raises():
     def fn(a, b):
         return a // b

@@ -111,7 +111,7 @@ class TritonTarget(Target):
     def generate(self, sched: Any, dtypes: dict[str, torch.dtype]) -> Any:
         from .triton import generate_triton
 
-        return generate_triton(sched, dtypes)
+        return generate_triton(sched, dtypes, device=self.device)
 
     def imports(self) -> list[str]:
         return ["from ember_inductor.runtime.triton import load_kernels"]

@@ -413,7 +413,10 @@ class TritonOps:
                     b = args[1]
                     if b.const is None or int(b.const) == 0:
                         zero = self._emit(f"{b} == 0", torch.bool, b)
-                        if b.const is None:
+                        # eager raises on the CPU; eager's CUDA kernels do not (no check there)
+                        if not self.k.raise_zero_div:
+                            pass
+                        elif b.const is None:
                             self.k.check(zero, ERR_ZERO_DIV)
                         else:
                             self.k.check_always(ERR_ZERO_DIV)
@@ -479,6 +482,7 @@ class TritonKernel:
         self.sched = sched
         self.dtypes = dtypes
         self.interpret = interpret
+        self.raise_zero_div = True
         self.lines: list[str] = []
         self.indent = 1
         self.scopes: list[dict[str, TVar]] = [{}]
@@ -646,6 +650,7 @@ class TritonKernel:
                             for m in members]  # type: ignore[attr-defined]
         # the finishing kernel
         fin = TritonKernel(self.name + "_fin", g, self.sched, self.dtypes, self.interpret)
+        fin.raise_zero_div = self.raise_zero_div
         fin.static = self.static
         fin.dim_order = ["x", "r"]
         fin.block_mask = {"x": "xmask"}
@@ -1133,9 +1138,10 @@ def _spans(graph: Any) -> dict[str, int]:
 
 
 def generate_triton(sched: Scheduler, dtypes: dict[str, torch.dtype],
-                    interpret: bool | None = None) -> TritonSources:
+                    interpret: bool | None = None, device: str = "cuda") -> TritonSources:
     """The Triton module of a graph: one kernel per fused group of each region, in order. Each
-    region records its kernels (``region.kernels``: their specs) for the wrapper."""
+    region records its kernels (``region.kernels``: their specs) for the wrapper. An integer
+    division by zero raises as eager does on ``device`` (on the CPU; not on CUDA)."""
     import os
     if interpret is None:
         interpret = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -1148,6 +1154,7 @@ def generate_triton(sched: Scheduler, dtypes: dict[str, torch.dtype],
         for gi, g in enumerate(step.groups):
             name = f"{step.name}_{gi}" if len(step.groups) > 1 else step.name
             tk = TritonKernel(name, g, sched, dict(dtypes), interpret)
+            tk.raise_zero_div = device == "cpu"
             split = tk.split_parts()
             made = tk.generate_split(split) if split else [tk.generate()]
             for src, spec in made:
