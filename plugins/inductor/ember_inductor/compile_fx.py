@@ -202,7 +202,9 @@ def _compile_inductor(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *
 
     from .codegen.target import target_for
 
-    target_for(gm, options)  # refuses a device without a target, before any work
+    # refuses a device without a target, before any work; the target's defaults for options
+    # the caller did not set
+    options = {**target_for(gm, options).default_options, **options}
     unbacked = _unbacked_sizes(gm)
     if unbacked is not None:
         # Sizes that depend on tensor data (nonzero, x[mask], masked_select, .item(): unbacked

@@ -32,6 +32,8 @@ class Target:
     device = "cpu"
     #: CPU-only graph rewrites (patterns.py: oneDNN linear, fused attention for the CPU)
     cpu_rewrites = True
+    #: option values this target uses unless the caller sets them
+    default_options: dict[str, Any] = {}
 
     def generate(self, sched: Any, dtypes: dict[str, torch.dtype]) -> Any:
         raise NotImplementedError
@@ -107,6 +109,10 @@ class TritonTarget(Target):
 
     def __init__(self, device: str = "cuda"):
         self.device = device
+        # Freezing checks every frozen parameter's contents on each call (freezing.py): on a
+        # GPU that is a comparison and a synchronization per parameter per call. Off by
+        # default there (as torch.compile's); options={"freezing": True} turns it on.
+        self.default_options = {"freezing": False} if device == "cuda" else {}
 
     def generate(self, sched: Any, dtypes: dict[str, torch.dtype]) -> Any:
         from .triton import generate_triton
