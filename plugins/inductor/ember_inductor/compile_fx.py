@@ -204,7 +204,12 @@ def _compile_inductor(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *
 
     # refuses a device without a target, before any work; the target's defaults for options
     # the caller did not set
-    options = {**target_for(gm, options).default_options, **options}
+    target = target_for(gm, options)
+    options = {**target.default_options, **options}
+    if target.name == "triton":
+        # how many configurations each kernel's first launch times on a GPU (runtime/triton.py)
+        mode = getattr(context, "mode", None) or options.get("mode")
+        options.setdefault("_triton_tune", "full" if mode == "max-autotune" else "light")
     unbacked = _unbacked_sizes(gm)
     if unbacked is not None:
         # Sizes that depend on tensor data (nonzero, x[mask], masked_select, .item(): unbacked

@@ -107,8 +107,9 @@ class TritonTarget(Target):
     name = "triton"
     cpu_rewrites = False
 
-    def __init__(self, device: str = "cuda"):
+    def __init__(self, device: str = "cuda", tune: str = "light"):
         self.device = device
+        self.tune = tune  # "light": the heuristic's configuration and 2 more; "full": all
         # Freezing checks every frozen parameter's contents on each call (freezing.py): on a
         # GPU that is a comparison and a synchronization per parameter per call. Off by
         # default there (as torch.compile's); options={"freezing": True} turns it on.
@@ -117,7 +118,7 @@ class TritonTarget(Target):
     def generate(self, sched: Any, dtypes: dict[str, torch.dtype]) -> Any:
         from .triton import generate_triton
 
-        return generate_triton(sched, dtypes, device=self.device)
+        return generate_triton(sched, dtypes, device=self.device, tune=self.tune)
 
     def imports(self) -> list[str]:
         return ["from ember_inductor.runtime.triton import load_kernels"]
@@ -147,7 +148,7 @@ def target_for(gm: Any, options: dict[str, Any] | None) -> Target:
             device = v.device.type
             break
     if device == "cuda":
-        return TritonTarget("cuda")
+        return TritonTarget("cuda", str(options.get("_triton_tune", "light")))
     if device != "cpu":
         raise NotImplementedError(f"ember-inductor: {device} graphs are not supported (CPU and "
                                   "CUDA only)")

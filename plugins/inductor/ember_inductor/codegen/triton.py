@@ -1138,7 +1138,8 @@ def _spans(graph: Any) -> dict[str, int]:
 
 
 def generate_triton(sched: Scheduler, dtypes: dict[str, torch.dtype],
-                    interpret: bool | None = None, device: str = "cuda") -> TritonSources:
+                    interpret: bool | None = None, device: str = "cuda",
+                    tune: str = "light") -> TritonSources:
     """The Triton module of a graph: one kernel per fused group of each region, in order. Each
     region records its kernels (``region.kernels``: their specs) for the wrapper. An integer
     division by zero raises as eager does on ``device`` (on the CPU; not on CUDA)."""
@@ -1158,6 +1159,8 @@ def generate_triton(sched: Scheduler, dtypes: dict[str, torch.dtype],
             split = tk.split_parts()
             made = tk.generate_split(split) if split else [tk.generate()]
             for src, spec in made:
+                if tune != "full":  # the default configuration and its first two neighbours
+                    spec.candidates = [c for c in spec.candidates if c != spec.config][:2]
                 parts.append("\n" + src)
                 kernels[spec.name] = spec
                 specs.append(spec)
