@@ -95,6 +95,24 @@ for name, (fn, make) in sorted(GRAPHS.items()):
         d = rt._entry_dir(key)
         next(p for p in d.iterdir() if p.suffix == ".cubin").write_bytes(b"garbage")
         out["corrupt_is_miss"] = rt._load_binary(f, spec, cfg, key) is None
+# worker processes: every kernel of one graph compiled there, then loaded here from the cache
+fn, make = GRAPHS["pointwise"]
+gm = make_fx(fn, decomposition_table=decompositions())(*make())
+src, _ = generate_source(gm, key="gpu-pool", options={"cpu_codegen": "triton"})
+ns = {}
+exec(src.split("_k = load_kernels")[0].split("CONSTANTS", 1)[1].split("\n", 1)[1], ns)
+source, kernels = ns["TRITON_SOURCE"], ns["KERNELS"]
+mod = rt._module(source)
+rt.POOL_MIN_KERNELS = 1
+os.environ["EMBER_TRITON_COMPILE_WORKERS"] = "2"
+items = [(spec, spec["config"]) for spec in kernels.values()]
+before = dict(rt.counters)
+out["pool_built"] = rt.prebuild(source, items, target=("cuda", 90, 32))
+out["pool_loaded"] = all(rt._load_binary(getattr(mod, s["name"]), s, c,
+                                         rt._entry_key(source, s["name"], c)) is not None
+                         for s, c in items)
+out["pool_no_compile_here"] = rt.counters["compiles"] == before["compiles"]
+out["pool_kernels"] = len(items)
 print("RESULT " + json.dumps(out))
 """
 
@@ -116,3 +134,6 @@ def test_kernels_compile_for_gpu_and_cache_roundtrip(tmp_path, py):
     assert len(out["compiled"]) >= 16, out["compiled"]
     assert any("_fin/" in c for c in out["compiled"]), "no split reduction was built"
     assert out["roundtrip"] and out["corrupt_is_miss"], out
+    # built by worker processes, loaded here without compiling
+    assert out["pool_built"] == out["pool_kernels"] >= 2, out
+    assert out["pool_loaded"] and out["pool_no_compile_here"], out

@@ -54,12 +54,19 @@ FORMAT_VERSION = 1
 #: what this process did: ``compiles`` (triton.compile runs), ``disk_hits`` (binaries loaded from
 #: Ember's cache), ``tuned`` (kernels tuned by timing), ``tune_hits`` (choices read from the
 #: cache), ``fast_launchers`` / ``jit_launchers`` (kernels launched by the precomputed path or
-#: through Triton's JIT call), ``fallbacks`` (kernels whose ahead build failed: JIT call).
+#: through Triton's JIT call), ``fallbacks`` (kernels whose ahead build failed: JIT call),
+#: ``pool_builds`` (kernels compiled by worker processes, :func:`prebuild`).
 counters: dict[str, int] = {"compiles": 0, "disk_hits": 0, "tuned": 0, "tune_hits": 0,
-                            "fast_launchers": 0, "jit_launchers": 0, "fallbacks": 0}
+                            "fast_launchers": 0, "jit_launchers": 0, "fallbacks": 0,
+                            "pool_builds": 0}
 
 _modules: dict[str, Any] = {}
 _lock = threading.Lock()
+
+
+def _module_path(source: str) -> pathlib.Path:
+    key = hashlib.sha256(source.encode()).hexdigest()
+    return _store.cache_dir() / "triton" / "src" / key[:2] / f"k{key}.py"
 
 
 def _module(source: str) -> Any:
@@ -70,7 +77,7 @@ def _module(source: str) -> Any:
         mod = _modules.get(key)
         if mod is not None:
             return mod
-        path = _store.cache_dir() / "triton" / "src" / key[:2] / f"k{key}.py"
+        path = _module_path(source)
         if not path.exists() or path.read_text() != source:
             _store.atomic_write(path, source.encode())
         name = f"ember_triton_{key[:16]}"
@@ -242,6 +249,100 @@ def _build(source: str, fn: Any, spec: dict[str, Any], config: dict[str, int]) -
         except OSError as e:
             log.warning("cannot store Triton binary in Ember's cache: %s", e)
     return ck
+
+
+# -- building in worker processes -------------------------------------------------------------
+
+#: a graph with at least this many kernels to compile builds them in worker processes
+POOL_MIN_KERNELS = 4
+_pool: Any = None
+
+
+def _pool_workers() -> int:
+    try:
+        return int(os.environ.get("EMBER_TRITON_COMPILE_WORKERS",
+                                  str(min(8, os.cpu_count() or 1))))
+    except ValueError:
+        return 1
+
+
+def _worker_build(path: str, name: str, spec: dict[str, Any], config: dict[str, int],
+                  target: tuple[str, int, int], key: str, cache_dir: str) -> str:
+    """In a worker process: compile one kernel for ``target`` and publish its files in Ember's
+    cache under ``key`` (the parent then loads them: nothing crosses the process boundary but
+    these arguments and a word). Needs no GPU."""
+    os.environ["EMBER_CACHE_DIR"] = cache_dir
+    if (_entry_dir(key) / "manifest.json").exists():
+        return "hit"
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    modname = f"ember_triton_w_{pathlib.Path(path).stem[:17]}"
+    mod = sys.modules.get(modname)
+    if mod is None:
+        spec_ = importlib.util.spec_from_file_location(modname, path)
+        assert spec_ is not None and spec_.loader is not None
+        mod = importlib.util.module_from_spec(spec_)
+        sys.modules[modname] = mod
+        spec_.loader.exec_module(mod)
+    src = _ast_source(getattr(mod, name), spec, config)
+    try:
+        ck = triton.compile(src, target=GPUTarget(*target), options=_options(config))
+    except (TypeError, KeyError, AssertionError):
+        src.attrs = {}
+        ck = triton.compile(src, target=GPUTarget(*target), options=_options(config))
+    _store_binary(ck, key)
+    return "built"
+
+
+def _current_target() -> tuple[str, int, int]:
+    from triton.runtime import driver
+
+    t = driver.active.get_current_target()
+    return (t.backend, t.arch, t.warp_size)
+
+
+def prebuild(source: str, items: Sequence[tuple[dict[str, Any], dict[str, int]]],
+             target: tuple[str, int, int] | None = None) -> int:
+    """Compile, in a pool of worker processes, the binaries of ``items`` (kernel spec,
+    configuration) that Ember's cache lacks, when there are at least :data:`POOL_MIN_KERNELS`
+    of them (``EMBER_TRITON_COMPILE_WORKERS`` processes; 0 turns the pool off). Returns how many
+    were built there; a failure only logs (the kernel is then compiled in this process)."""
+    global _pool
+    workers = _pool_workers()
+    missing = []
+    for spec, config in items:
+        key = _entry_key(source, spec["name"], config)
+        if not (_entry_dir(key) / "manifest.json").exists() and (spec["name"], key) not in [
+                (m[0]["name"], m[2]) for m in missing]:
+            missing.append((spec, config, key))
+    if workers < 1 or len(missing) < POOL_MIN_KERNELS:
+        return 0
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    path = _module_path(source)
+    _module(source)  # written (and imported here too)
+    t0 = time.perf_counter()
+    target = target or _current_target()
+    with _lock:
+        if _pool is None:
+            _pool = ProcessPoolExecutor(max_workers=workers,
+                                        mp_context=multiprocessing.get_context("spawn"))
+        pool = _pool
+    futures = [pool.submit(_worker_build, str(path), spec["name"], spec, config, target, key,
+                           str(_store.cache_dir())) for spec, config, key in missing]
+    built = 0
+    for f in futures:
+        try:
+            built += f.result(timeout=900) == "built"
+        except Exception as e:  # noqa: BLE001 - built in this process instead
+            log.warning("a Triton compile worker failed (%s: %s); compiling in-process",
+                        type(e).__name__, e)
+    counters["pool_builds"] = counters.get("pool_builds", 0) + built
+    log.debug("built %d Triton kernels in %d worker processes in %.2fs", built, workers,
+              time.perf_counter() - t0)
+    return built
 
 
 # -- launching --------------------------------------------------------------------------------
@@ -457,6 +558,10 @@ class Launcher:
         configs = [dict(c) for c in cands]
         if base not in configs:
             configs.insert(0, base)
+        try:
+            prebuild(self.source, [(self.spec, c) for c in configs])
+        except Exception as e:  # noqa: BLE001
+            log.debug("Triton compile pool unavailable: %s", e)
         with ThreadPoolExecutor(max_workers=_workers(len(configs))) as pool:
             built = list(pool.map(lambda c: self._try_build(c), configs))
         times = []
@@ -540,6 +645,11 @@ def load_kernels(source: str, specs: dict[str, dict[str, Any]]) -> dict[str, Lau
                         type(e).__name__, e)
     if todo:
         t0 = time.perf_counter()
+        try:
+            prebuild(source, [(ln.spec, cfg if cfg is not None else ln.config)
+                              for ln, cfg in todo])
+        except Exception as e:  # noqa: BLE001 - the in-process build below still runs
+            log.warning("Triton compile pool unavailable (%s: %s)", type(e).__name__, e)
         with ThreadPoolExecutor(max_workers=_workers(len(todo))) as pool:
             list(pool.map(ahead, todo))
         log.debug("built %d Triton kernels ahead in %.2fs", len(todo), time.perf_counter() - t0)
