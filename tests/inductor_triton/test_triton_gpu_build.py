@@ -67,9 +67,9 @@ for name, (fn, make) in sorted(GRAPHS.items()):
     exec(src.split("_k = load_kernels")[0].split("CONSTANTS", 1)[1].split("\n", 1)[1], ns)
     source, kernels = ns["TRITON_SOURCE"], ns["KERNELS"]
     mod = rt._module(source)
-    for arch in (90, 80):
+    for arch in ((90, 80) if name == "rows" else (90,)):
         for kname, spec in kernels.items():
-            for cfg in [spec["config"]] + spec["candidates"][:1]:
+            for cfg in [spec["config"]] + spec["candidates"][:1 if arch == 90 else 0]:
                 try:
                     ck = triton.compile(rt._ast_source(getattr(mod, kname), spec, cfg),
                                         target=GPUTarget("cuda", arch, 32),
@@ -120,7 +120,7 @@ print("RESULT " + json.dumps(out))
 def test_kernels_compile_for_gpu_and_cache_roundtrip(tmp_path, py):
     """In a fresh process without TRITON_INTERPRET (Triton decides interpreter or compiler when
     it is imported): every kernel of GRAPHS, default configuration and a tuning candidate,
-    compiles for sm_90 and sm_80; the binary cache round-trips."""
+    compiles for sm_90 (one graph's also for sm_80); the binary cache round-trips."""
     import json
     from pathlib import Path
 
@@ -131,7 +131,7 @@ def test_kernels_compile_for_gpu_and_cache_roundtrip(tmp_path, py):
     assert line, f"the build script failed:\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
     out = json.loads(line[-1][7:])
     assert not out["errors"], "\n".join(out["errors"])
-    assert len(out["compiled"]) >= 16, out["compiled"]
+    assert len(out["compiled"]) >= 12, out["compiled"]
     assert any("_fin/" in c for c in out["compiled"]), "no split reduction was built"
     assert out["roundtrip"] and out["corrupt_is_miss"], out
     # built by worker processes, loaded here without compiling

@@ -87,3 +87,25 @@ def test_unknown_launcher_signature_is_not_used():
         def __getitem__(self, grid):
             return lambda *args: None
     assert rt._fast_path(Other()) is None
+
+
+def test_interpreter_after_triton_was_imported(py):
+    """Kernels use only Triton builtins and their own helpers, so they run under the
+    interpreter even when something imported triton before TRITON_INTERPRET was set (as
+    torch._inductor does in a test run)."""
+    from pathlib import Path
+
+    code = r"""
+import os, sys, triton, torch
+os.environ["TRITON_INTERPRET"] = "1"
+sys.path.insert(0, os.environ["EMBER_TEST_DIR"])
+from triton_util import compile_triton
+f = lambda x, y: (torch.softmax(x * y, -1), x.t().contiguous(), x.argmax(1), (x > 0).any(1),
+                  torch.remainder(x, 0.3))
+x, y = torch.randn(20, 24), torch.randn(24)
+out, ref = compile_triton(f)(x, y), f(x, y)
+print("OK" if all(torch.allclose(a, b, atol=1e-5) for a, b in zip(out, ref)) else "WRONG")
+"""
+    env = {"EMBER_TEST_DIR": str(Path(__file__).parent), "TRITON_INTERPRET": "0"}
+    r = py(code, env=env, pythonpath=[str(Path(__file__).parent)], timeout=300)
+    assert r.stdout.strip().endswith("OK"), r.stdout[-1000:] + r.stderr[-3000:]

@@ -66,6 +66,24 @@ from ember_inductor.runtime.triton_math import select_libdevice
 libdevice = select_libdevice()  # Triton's; numpy's under TRITON_INTERPRET=1
 
 
+# Only Triton builtins and the helpers below: triton.language's own jit functions (tl.sum,
+# tl.cdiv, tl.zeros_like) are made when triton is imported, interpreted or compiled for good,
+# while these follow TRITON_INTERPRET as it is when this module is imported.
+@triton.jit
+def _sum(a, b):
+    return a + b
+
+
+@triton.jit
+def _cdiv(a, b):
+    return (a + b - 1) // b
+
+
+@triton.jit
+def _zeros_like(a):
+    return tl.full(a.shape, 0, a.dtype)
+
+
 @triton.jit
 def _max_nan(a, b):
     return tl.where((a != a) | (a > b), a, b)
@@ -121,7 +139,7 @@ def _floordiv_f(a, b):
     div = tl.where((mod != 0) & ((b < 0) != (mod < 0)), div - 1, div)
     fl = tl.floor(div)
     fl = tl.where(div - fl > 0.5, fl + 1, fl)
-    fl = tl.where(div == 0, libdevice.copysign(tl.zeros_like(div), a / b), fl)
+    fl = tl.where(div == 0, libdevice.copysign(_zeros_like(div), a / b), fl)
     return tl.where(b == 0, a / b, fl)
 '''
 
@@ -427,7 +445,7 @@ class TritonOps:
                         "truediv", "pow", "atan2", "copysign", "hypot", "fmod", "floordiv",
                         "remainder", "maximum", "minimum", "fmax", "fmin"):
                     # a literal first operand: a tensor shaped and typed as the other one
-                    fmt[0] = f"(tl.zeros_like({args[1]}) + {args[0]})"
+                    fmt[0] = f"(_zeros_like({args[1]}) + {args[0]})"
                 return self._emit(table[name].format(*fmt), dt, *args)
             raise NotImplementedError(f"Triton codegen: {name}")
         return op
@@ -535,7 +553,7 @@ class TritonKernel:
         return re.findall(r"\b(tmp\d+)\b", expr)
 
     def zeros(self, dims: frozenset) -> str:
-        return f"tl.zeros({self._shape(dims)}, tl.int32)"
+        return f"tl.full({self._shape(dims)}, 0, tl.int32)"
 
     def _shape(self, dims: frozenset) -> str:
         order = [d for d in self.dim_order if d in dims]
@@ -564,13 +582,13 @@ class TritonKernel:
         mask, mdims = self.mask_for(bad.dims)
         cond = f"{bad} & {mask}" if mask else str(bad)
         dims = bad.dims | mdims
-        z = f"tl.zeros({self._shape(dims)}, tl.int32)" if dims else "0"
+        z = f"tl.full({self._shape(dims)}, 0, tl.int32)" if dims else "0"
         self.line(f"tl.store(status + {z}, {z} + {code}, {cond})")
 
     def check_always(self, code: int) -> None:
         self.checked = True
         mask, mdims = self.mask_for(frozenset(self.dim_order))
-        z = f"tl.zeros({self._shape(mdims)}, tl.int32)"
+        z = f"tl.full({self._shape(mdims)}, 0, tl.int32)"
         self.line(f"tl.store(status + {z}, {z} + {code}, {mask})")
 
     # -- the kernel ----------------------------------------------------------------------------
@@ -623,7 +641,7 @@ class TritonKernel:
         self.block_mask = {"x": "xmask"}
         xnumel = product(g.outer) if g.outer else 1
         self.line(f"xnumel = {_tl(xnumel)}")
-        self.line(f"xindex = tl.program_id(0) // {split} + tl.zeros([XBLOCK, 1], tl.int32)")
+        self.line(f"xindex = tl.program_id(0) // {split} + tl.full([XBLOCK, 1], 0, tl.int32)")
         self.line("xmask = xindex < xnumel")
         names = [f"x{i}" for i in range(len(g.outer))]
         self._index_vars("x", "xindex", g.outer, names)
@@ -841,7 +859,7 @@ class TritonKernel:
         wide = self._wide()
         pid = "tl.program_id(0).to(tl.int64)" if wide else "tl.program_id(0)"
         self.line(f"pid = {pid}")
-        self.line("xtiles = tl.cdiv(xnumel, XBLOCK)")
+        self.line("xtiles = _cdiv(xnumel, XBLOCK)")
         self.line("yindex = (pid // xtiles) * YBLOCK + tl.arange(0, YBLOCK)[:, None]")
         self.line("xindex = (pid % xtiles) * XBLOCK + tl.arange(0, XBLOCK)[None, :]")
         self.line("ymask = yindex < ynumel")
@@ -975,7 +993,7 @@ class TritonKernel:
 
     def _combine(self, rt: str, v: str, rindex: str) -> str:
         if rt == "sum":
-            return f"tl.sum({v}, 1)[:, None]"
+            return f"tl.reduce({v}, 1, _sum)[:, None]"
         if rt == "max":
             return f"tl.reduce({v}, 1, _max_nan)[:, None]"
         if rt == "min":
@@ -983,11 +1001,11 @@ class TritonKernel:
         if rt == "prod":
             return f"tl.reduce({v}, 1, _prod)[:, None]"
         if rt == "any":
-            return f"(tl.max({v}.to(tl.int8), 1) > 0)[:, None]"
+            return f"(tl.reduce({v}.to(tl.int8), 1, _max_nan) > 0)[:, None]"
         if rt == "all":
-            return f"(tl.min({v}.to(tl.int8), 1) > 0)[:, None]"
+            return f"(tl.reduce({v}.to(tl.int8), 1, _min_nan) > 0)[:, None]"
         if rt in ("argmax", "argmin"):
-            idx = f"({rindex} + tl.zeros_like({v}).to(tl.int64))"
+            idx = f"({rindex} + _zeros_like({v}).to(tl.int64))"
             return f"tl.reduce(({v}, {idx}), 1, _{rt})[1][:, None]"
         raise NotImplementedError(f"Triton codegen: reduction {rt}")
 
@@ -1018,12 +1036,12 @@ class TritonKernel:
             init = _reduction_init(red.reduction_type, red.src_dtype)
             self.line(f"{acc} = tl.full([XBLOCK, RBLOCK], {init}, {at})")
             if red.reduction_type in ("argmax", "argmin"):
-                self.line(f"{acc}_i = tl.zeros([XBLOCK, RBLOCK], tl.int64)")
+                self.line(f"{acc}_i = tl.full([XBLOCK, RBLOCK], 0, tl.int64)")
             accs[m.node.name] = acc
         split = getattr(self, "split", 0)
         if split:
             self.line(f"# block {bi}: rows of {_tl(rnumel)}, split in {split} parts")
-            self.line(f"rchunk = tl.cdiv({_tl(rnumel)}, {split})")
+            self.line(f"rchunk = _cdiv({_tl(rnumel)}, {split})")
             self.line("rstart = (tl.program_id(0) % " + str(split) + ") * rchunk")
             self.line(f"rend = tl.minimum(rstart + rchunk, {_tl(rnumel)})")
             self.line("for roffset in range(rstart, rend, RBLOCK):")
@@ -1049,9 +1067,9 @@ class TritonKernel:
                 v = self.full(value) if value.const is not None else str(value)
                 full = "xmask & rmask"
                 if rt in ("argmax", "argmin"):
-                    idx = "(rindex + tl.zeros_like(" + acc + ").to(tl.int64))"
+                    idx = "(rindex + _zeros_like(" + acc + ").to(tl.int64))"
                     nv, ni = self.new_tmp(), self.new_tmp()
-                    self.line(f"{nv}, {ni} = _{rt}({acc}, {acc}_i, {v} + tl.zeros_like({acc}), "
+                    self.line(f"{nv}, {ni} = _{rt}({acc}, {acc}_i, {v} + _zeros_like({acc}), "
                               f"{idx})")
                     self.line(f"{acc} = tl.where({full}, {nv}, {acc})")
                     self.line(f"{acc}_i = tl.where({full}, {ni}, {acc}_i)")
