@@ -3,24 +3,26 @@
 # the inductor backend's Triton target for real. Under 6 minutes; everything under $OUT.
 #   bash scripts/gpu_triton.sh
 # Parts (each logged on its own, a failing part never stops the next):
-#   1. env.txt            versions, GPU
+#   1. summary.txt        versions, GPU, and each part's headline
 #   2. tests.log          tests/inductor_triton on CUDA (EMBER_TRITON_DEVICE=cuda, no interpreter)
 #   3. check.log/.json    scripts/gpu_triton_check.py: zoo correctness (infer+train vs eager),
 #                         launch overhead (one kernel; a tiny graph's wrapper), 256 MB fused
 #                         pointwise bandwidth vs a device copy, warm start (fresh process: Triton
-#                         compiles and tunings must be 0)
-#   4. bench/             benchmarks side by side (eager, ember-inductor, torch-inductor; bf16
+#                         compiles and tunings must be 0; warm_start_profile_1.txt: cProfile)
+#   4. bench_*.log        benchmarks side by side (eager, ember-inductor, torch-inductor; bf16
 #                         autocast), inference then training, if time is left
 set -uo pipefail
 OUT="${OUT:-$PWD/gpu_out}"; mkdir -p "$OUT"
 T0=$(date +%s)
 left() { echo $(( ${BUDGET:-340} - ($(date +%s) - T0) )); }
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
-export EMBER_CACHE_DIR="$OUT/ember_cache"
+# caches outside $OUT (only a few small files come back from it); a fresh one: a cold start
+export EMBER_CACHE_DIR=/tmp/ember_gpu_triton_cache
+rm -rf "$EMBER_CACHE_DIR" /tmp/ember_gpu_triton_cache_tests
 unset TRITON_INTERPRET
 python3 -m pip install -q --no-deps --no-build-isolation --no-index \
   -e ./core -e ./plugins/eager -e ./plugins/aot_eager -e ./plugins/inductor -e ./plugins/cudagraphs \
-  >"$OUT/install.log" 2>&1 || echo "install failed (see install.log); trying PYTHONPATH" | tee -a "$OUT/summary.txt"
+  >/tmp/ember_gpu_install.log 2>&1 || { echo "install failed; trying PYTHONPATH:"; tail -5 /tmp/ember_gpu_install.log; } | tee -a "$OUT/summary.txt"
 export PYTHONPATH="$PWD/core:$PWD/plugins/inductor:$PWD/plugins/eager:$PWD/plugins/aot_eager:$PWD/plugins/cudagraphs:${PYTHONPATH:-}"
 {
   python3 - <<'PY'
@@ -33,12 +35,12 @@ except Exception as e:
     print("triton import failed:", e)
 PY
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
-} > "$OUT/env.txt" 2>&1
-cat "$OUT/env.txt"
+} >> "$OUT/summary.txt" 2>&1
+cat "$OUT/summary.txt"
 
 echo "== tests (left $(left)s)" | tee -a "$OUT/summary.txt"
-EMBER_TRITON_DEVICE=cuda EMBER_TRITON_TUNE=0 EMBER_CACHE_DIR="$OUT/ember_cache_tests" \
-  timeout 130 python3 -m pytest -q -p no:cacheprovider tests/inductor_triton -x --durations=10 \
+EMBER_TRITON_DEVICE=cuda EMBER_TRITON_TUNE=0 EMBER_CACHE_DIR=/tmp/ember_gpu_triton_cache_tests \
+  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/inductor_triton --durations=10 \
   > "$OUT/tests.log" 2>&1
 echo "tests rc=$?" | tee -a "$OUT/summary.txt"
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.log" | tail -20 | tee -a "$OUT/summary.txt"
@@ -55,8 +57,9 @@ if [ "$L" -gt 60 ]; then
     L=$(left); [ "$L" -gt 30 ] || break
     timeout $((L - 10)) python3 -m benchmarks run --device cuda --mode $mode --amp \
       --backends eager,ember-inductor,torch-inductor --deadline $((L - 20)) \
-      --out "$OUT/bench_$mode" > "$OUT/bench_$mode.log" 2>&1
+      --out "/tmp/ember_gpu_bench_$mode" > "$OUT/bench_$mode.log" 2>&1
     echo "bench $mode rc=$?" | tee -a "$OUT/summary.txt"
+    cat /tmp/ember_gpu_bench_$mode/*.md >> "$OUT/bench_$mode.log" 2>/dev/null
     tail -30 "$OUT/bench_$mode.log" >> "$OUT/summary.txt"
   done
 fi

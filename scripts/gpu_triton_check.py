@@ -20,6 +20,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 results: dict = {}
+OUT = ["."]
 T0 = time.time()
 
 
@@ -177,19 +178,25 @@ def zoo(size="small", amp=False, models=None, budget=60.0):
 
 def warm_start():
     code = r"""
-import torch, ember, json
+import torch, ember, json, os
 from ember_inductor.runtime import triton as rt
 def f(x, w):
     return torch.softmax(torch.relu(x @ w) * 2, -1).sum(0)
 x, w = torch.randn(64, 128, device="cuda"), torch.randn(128, 256, device="cuda")
-import time; t = time.perf_counter()
+import time, cProfile, pstats, io; t = time.perf_counter()
+prof = cProfile.Profile(); prof.enable()
 cf = ember.compile(f); y = cf(x, w); torch.cuda.synchronize()
+prof.disable()
+s = io.StringIO(); pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(30)
+open(os.environ["EMBER_PROFILE_OUT"], "w").write(s.getvalue())
 print(json.dumps({"seconds": time.perf_counter() - t, "ok": bool(torch.allclose(y, f(x, w), atol=1e-4)), **rt.counters}))
 """
     runs = []
-    for _ in range(2):
+    for i in range(2):
+        prof = Path(OUT[0]) / "warm_start_profile.txt" if i else Path("/tmp/ember_cold_profile.txt")
+        env = dict(os.environ, EMBER_PROFILE_OUT=str(prof))
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                           timeout=120, env=os.environ.copy())
+                           timeout=120, env=env)
         runs.append(r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr[-800:])
     result("warm_start", {"cold": runs[0], "warm": runs[1]})
 
@@ -198,13 +205,19 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=".")
     a = p.parse_args()
+    OUT[0] = a.out
     import triton
     result("versions", {"torch": torch.__version__, "triton": triton.__version__,
                         "gpu": torch.cuda.get_device_name(0)})
     part(launch_overhead)
     part(bandwidth)
     part(warm_start)
+    # fp32 correctness without TF32 (convolutions and matmuls default to TF32 on this GPU:
+    # a difference there is cuDNN's, not Ember's)
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
     part(lambda: zoo("small", budget=45))
+    torch.backends.cudnn.allow_tf32 = True
     part(lambda: zoo("full", amp=True, budget=max(0.0, 140 - (time.time() - T0))))
     Path(a.out, "check.json").write_text(json.dumps(results, indent=1, default=str))
 
