@@ -51,12 +51,15 @@ OPTIONS = {
     "debug_fill": "fill every buffer with a NaN pattern before kernels write it and check "
                   "kernel writes, outputs and input strides for it (default: "
                   "ember.config.debug_fill, EMBER_DEBUG_FILL)",
+    "cpu_codegen": "code generator of CPU graphs: 'cpp' (default) or 'triton' (Triton kernels "
+                   "run by Triton's interpreter; needs TRITON_INTERPRET=1, for testing)",
 }
 
 
 @ember.hookimpl
 def ember_backends() -> list[ember.Backend]:
     return [ember.Backend(name="inductor", compile=compile_inductor, level="aten",
-                          decompositions=_decompositions, devices=("cpu",),
-                          description="lowering + fusion + C++/OpenMP codegen (CPU)",
+                          decompositions=_decompositions, devices=("cpu", "cuda"),
+                          description="lowering + fusion + C++/OpenMP codegen (CPU), "
+                                      "Triton kernels (CUDA)",
                           options=OPTIONS)]

@@ -119,8 +119,9 @@ def _unbacked_sizes(gm: torch.fx.GraphModule) -> str | None:
 
 def generate_source(gm: torch.fx.GraphModule, key: str = "",
                     options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
-    """(wrapper source, info) for an ATen graph; the wrapper embeds the C++ source."""
-    from .codegen.cpp import generate_cpp
+    """(wrapper source, info) for an ATen graph; the wrapper embeds the kernels' source (C++
+    or Triton: the graph's target, codegen/target.py)."""
+    from .codegen.target import target_for
     from .codegen.wrapper import generate_wrapper
     from .layout import plan_for
     from .lowering import GraphLowering
@@ -130,8 +131,10 @@ def generate_source(gm: torch.fx.GraphModule, key: str = "",
 
     from .patterns import rewrite_graph
 
-    # hand-written attention -> one fused kernel; matrix multiplies -> oneDNN (patterns.py)
-    gm = rewrite_graph(gm, options)
+    target = target_for(gm, options)
+    if target.cpu_rewrites:
+        # hand-written attention -> one fused kernel; matrix multiplies -> oneDNN (patterns.py)
+        gm = rewrite_graph(gm, options)
     # symbolic sizes (if any) are known to lowering, scheduling and code generation through one
     # SizeEnv: their example values steer heuristics only
     with size_env(SizeEnv()):
@@ -152,10 +155,10 @@ def generate_source(gm: torch.fx.GraphModule, key: str = "",
         if forced is not None:
             calibrate.override[0] = int(forced)
         try:
-            cpp = generate_cpp(sched, dtypes)
+            kernels = target.generate(sched, dtypes)
         finally:
             calibrate.override[0] = prev
-        src = generate_wrapper(graph, sched, cpp, key, options)
+        src = generate_wrapper(graph, sched, kernels, key, options, target)
     counters["generated"] += 1
     info = {"fallbacks": graph.fallback_ops,
             "regions": sum(isinstance(s, CppRegion) for s in sched.steps)}
@@ -197,11 +200,16 @@ def _compile_inductor(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *
         if getattr(ember.config, "debug_fill", False):
             options = {**options, "debug_fill": True}  # in the cache key: its own wrapper
 
-    for n in gm.graph.nodes:
-        v = n.meta.get("val") if n.op == "placeholder" else None
-        if isinstance(v, torch.Tensor) and v.device.type != "cpu":
-            raise NotImplementedError(f"ember-inductor: {v.device.type} graphs are not supported "
-                                      "yet (CPU only)")
+    from .codegen.target import target_for
+
+    # refuses a device without a target, before any work; the target's defaults for options
+    # the caller did not set
+    target = target_for(gm, options)
+    options = {**target.default_options, **options}
+    if target.name == "triton":
+        # how many configurations each kernel's first launch times on a GPU (runtime/triton.py)
+        mode = getattr(context, "mode", None) or options.get("mode")
+        options.setdefault("_triton_tune", "full" if mode == "max-autotune" else "light")
     unbacked = _unbacked_sizes(gm)
     if unbacked is not None:
         # Sizes that depend on tensor data (nonzero, x[mask], masked_select, .item(): unbacked

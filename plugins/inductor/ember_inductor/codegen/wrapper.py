@@ -6,7 +6,6 @@ loaded on its own (the body of a precompiled artifact)."""
 from __future__ import annotations
 
 import math
-import re
 from typing import Any
 
 import sympy
@@ -88,13 +87,17 @@ def _in_place(op: Any) -> bool:
 
 
 class WrapperWriter:
-    def __init__(self, graph: Any, sched: Scheduler, cpp_sources: list[str], key: str,
-                 options: dict[str, Any] | None = None):
+    def __init__(self, graph: Any, sched: Scheduler, sources: Any, key: str,
+                 options: dict[str, Any] | None = None, target: Any = None):
+        from .target import CppTarget
+
         self.g = graph
         self.s = sched
-        self.cpp = cpp_sources
+        self.sources = sources
         self.key = key
         self.options = options or {}
+        self.target = target if target is not None else CppTarget()
+        self._dev = self.target.alloc_kwargs()
 
     def value(self, v: Any) -> str:
         if isinstance(v, ReinterpretView):
@@ -119,7 +122,7 @@ class WrapperWriter:
             "import torch",
         ]
         if regions:
-            head.append("from ember_inductor.runtime.cache import compile_cpp_many, load_cpp")
+            head.extend(self.target.imports())
         # the pool's import goes here when the wrapper has one (known only below)
         pool_import = len(head)
         debug = bool(self.options.get("debug_fill"))
@@ -149,26 +152,7 @@ class WrapperWriter:
                 "",
             ]
         if regions:
-            head.append("CPP_SOURCES = [")
-            for src in self.cpp:
-                head.append("r'''" + src + "''',")
-            head.append("]")
-            head.append("compile_cpp_many(CPP_SOURCES)  # what the cache lacks builds in parallel")
-            head.append("_libs = [load_cpp(s) for s in CPP_SOURCES]")
-            where = {}
-            for i, src in enumerate(self.cpp):
-                for r in regions:
-                    if re.search(rf'extern "C" (void|int) {r.name}\(', src):
-                        where[r.name] = i
-            for r in regions:
-                n = len(r.reads) + len(r.writes)
-                k = len(getattr(r, "size_args", []))
-                head.append(f"{r.name} = _libs[{where[r.name]}].{r.name}")
-                head.append(f"{r.name}.argtypes = [ctypes.c_void_p] * {n}"
-                            + (f" + [ctypes.c_int64] * {k}" if k else ""))
-                head.append(f"{r.name}.restype = "
-                            + ("ctypes.c_int  # a status: see _kernel_failed"
-                               if getattr(r, "checked", False) else "None"))
+            head.extend(self.target.header(regions, self.sources))
         head.append("")
         head.append("")
         arg_names = getattr(g, "arg_names", None) or [b.name for b in g.inputs]
@@ -201,7 +185,6 @@ class WrapperWriter:
                           if isinstance(st, ExternKernel) and st.name in reuse}
         for i, st in enumerate(s.steps):
             if isinstance(st, CppRegion):
-                ptrs = []
                 for n in st.writes:
                     buf = self._buffer(n)
                     lay = buf.layout
@@ -222,24 +205,15 @@ class WrapperWriter:
                         body.append(f"    {n} = {pool_var}[{pooled[n]}]")
                         continue
                     body.append(f"    {n} = _empty({_tuple(lay.size)}, {_tuple(lay.stride)}, "
-                                f"dtype={_DTYPE_NAMES[lay.dtype]})")
-                for n in st.reads + st.writes:
-                    ptrs.append(f"{n}.data_ptr()")
-                ptrs.extend(getattr(st, "size_args", []))
+                                f"dtype={_DTYPE_NAMES[lay.dtype]}{self._dev})")
+                args = list(st.reads + st.writes) + list(getattr(st, "size_args", []))
                 desc = "; ".join(
                     f"{m.node.name}{list(m.node.layout.size)} <- "
                     f"{'+'.join(dict.fromkeys(getattr(m.node.data, 'origins', [])))[:60]}"
                     for grp in st.groups for m in grp.members if m.node.name not in s.local)
-                call = f"{st.name}({', '.join(ptrs)})"
-                if getattr(st, "checked", False):
-                    ops = sorted({o for grp in st.groups for m in grp.members
-                                  for o in getattr(m.node.data, "origins", [])})
-                    body.append(f"    status = {call}  # {desc}")
-                    body.append("    if status:")
-                    body.append(f"        _kernel_failed(status, {st.name!r}, "
-                                f"{', '.join(ops)[:120]!r})")
-                else:
-                    body.append(f"    {call}  # {desc}")
+                ops = sorted({o for grp in st.groups for m in grp.members
+                              for o in getattr(m.node.data, "origins", [])})
+                body.extend(self.target.call(st, args, desc, ", ".join(ops)[:120]))
                 if debug:
                     for n in st.writes:
                         body.append(f"    _dbg.check({gkey}, {st.name!r}, {n!r}, {n})")
@@ -437,7 +411,7 @@ class WrapperWriter:
         for n in pooled:
             lay = self._buffer(n).layout
             lines.append(f"    _empty({_tuple(lay.size)}, {_tuple(lay.stride)}, "
-                         f"dtype={_DTYPE_NAMES[lay.dtype]}),  # {n}")
+                         f"dtype={_DTYPE_NAMES[lay.dtype]}{self._dev}),  # {n}")
         lines.append("])")
         return lines
 
@@ -459,9 +433,10 @@ class WrapperWriter:
         return out
 
 
-def generate_wrapper(graph: Any, sched: Scheduler, cpp_sources: list[str], key: str,
-                     options: dict[str, Any] | None = None) -> str:
-    """The wrapper's source; ``options["buffer_pool"]`` (default True) keeps its internal
+def generate_wrapper(graph: Any, sched: Scheduler, sources: Any, key: str,
+                     options: dict[str, Any] | None = None, target: Any = None) -> str:
+    """The wrapper's source; ``sources`` are the kernels ``target`` generated (default: the
+    C++ target's sources). ``options["buffer_pool"]`` (default True) keeps its internal
     buffers allocated between calls (runtime/pool.py)."""
-    return WrapperWriter(graph, sched, cpp_sources, key, options).generate()
+    return WrapperWriter(graph, sched, sources, key, options, target).generate()
 

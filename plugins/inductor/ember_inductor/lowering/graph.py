@@ -209,6 +209,10 @@ class GraphLowering:
                 return type(m)(out(x, path + (i,)) for i, x in enumerate(m))
             if m is None:
                 return NoneValue()
+            if type(m) in (int, float, bool):
+                # a plain number among the results (CUDA flash attention's max_q/max_k): shape-
+                # derived (fake tensors hold no data), so the traced value is the value
+                return m
             raise Unsupported(f"fallback output of type {type(m).__name__}")
 
         return out(meta, ())

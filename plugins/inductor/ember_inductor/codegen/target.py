@@ -1,0 +1,161 @@
+"""One IR, two targets: what differs by device lives in a target object, not in ``if device``
+branches through lowering, scheduling and the wrapper.
+
+A target decides
+
+* which graph rewrites pay off before lowering (the CPU's oneDNN linear layers and its fused
+  attention kernel are CPU ATen ops; a GPU keeps ``addmm`` for cuBLAS),
+* how the scheduler's fused groups become kernels (:meth:`Target.generate`: C++ functions, one per
+  region, or Triton kernels, one per fused group),
+* how the wrapper builds, loads and launches them (:meth:`Target.header` and :meth:`Target.call`),
+  and where its buffers live (:attr:`Target.device`).
+
+Lowering and the scheduler are shared; tiling, vector width, block sizes and the timing of
+candidates are the code generator's (codegen/cpp.py, codegen/triton.py and the runtime each uses).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+
+__all__ = ["Target", "CppTarget", "TritonTarget", "target_for"]
+
+
+class Target:
+    """The interface; see the module docstring."""
+
+    name = ""
+    #: device of the graph's tensors ("cpu", "cuda"); the wrapper allocates there
+    device = "cpu"
+    #: CPU-only graph rewrites (patterns.py: oneDNN linear, fused attention for the CPU)
+    cpu_rewrites = True
+    #: option values this target uses unless the caller sets them
+    default_options: dict[str, Any] = {}
+
+    def generate(self, sched: Any, dtypes: dict[str, torch.dtype]) -> Any:
+        raise NotImplementedError
+
+    def header(self, regions: list[Any], sources: Any) -> list[str]:
+        """Wrapper lines (module level) that build and load the kernels."""
+        raise NotImplementedError
+
+    def call(self, region: Any, args: list[str], desc: str, ops: str) -> list[str]:
+        """Wrapper lines (inside ``call``) that run ``region`` on ``args`` (buffer names, then
+        the size symbols)."""
+        raise NotImplementedError
+
+    def alloc_kwargs(self) -> str:
+        """Extra keyword arguments of the wrapper's ``torch.empty_strided`` calls."""
+        return "" if self.device == "cpu" else f", device={self.device!r}"
+
+
+class CppTarget(Target):
+    """C++ with OpenMP through gcc (codegen/cpp.py, runtime/cache.py)."""
+
+    name = "cpp"
+
+    def generate(self, sched: Any, dtypes: dict[str, torch.dtype]) -> list[str]:
+        from .cpp import generate_cpp
+
+        return generate_cpp(sched, dtypes)
+
+    def header(self, regions: list[Any], sources: list[str]) -> list[str]:
+        head = ["CPP_SOURCES = ["]
+        for src in sources:
+            head.append("r'''" + src + "''',")
+        head.append("]")
+        head.append("compile_cpp_many(CPP_SOURCES)  # what the cache lacks builds in parallel")
+        head.append("_libs = [load_cpp(s) for s in CPP_SOURCES]")
+        where = {}
+        for i, src in enumerate(sources):
+            for r in regions:
+                if re.search(rf'extern "C" (void|int) {r.name}\(', src):
+                    where[r.name] = i
+        for r in regions:
+            n = len(r.reads) + len(r.writes)
+            k = len(getattr(r, "size_args", []))
+            head.append(f"{r.name} = _libs[{where[r.name]}].{r.name}")
+            head.append(f"{r.name}.argtypes = [ctypes.c_void_p] * {n}"
+                        + (f" + [ctypes.c_int64] * {k}" if k else ""))
+            head.append(f"{r.name}.restype = "
+                        + ("ctypes.c_int  # a status: see _kernel_failed"
+                           if getattr(r, "checked", False) else "None"))
+        return head
+
+    def imports(self) -> list[str]:
+        return ["from ember_inductor.runtime.cache import compile_cpp_many, load_cpp"]
+
+    def call(self, region: Any, args: list[str], desc: str, ops: str) -> list[str]:
+        nbuf = len(region.reads) + len(region.writes)
+        ptrs = [f"{a}.data_ptr()" for a in args[:nbuf]] + args[nbuf:]
+        call = f"{region.name}({', '.join(ptrs)})"
+        if getattr(region, "checked", False):
+            return [f"    status = {call}  # {desc}",
+                    "    if status:",
+                    f"        _kernel_failed(status, {region.name!r}, {ops!r})"]
+        return [f"    {call}  # {desc}"]
+
+
+class TritonTarget(Target):
+    """Triton kernels (codegen/triton.py), built ahead and launched through runtime/triton.py.
+    ``device`` is "cuda" on a GPU, or "cpu" under ``TRITON_INTERPRET=1`` (option
+    ``cpu_codegen="triton"``: CPU tensors through Triton's interpreter)."""
+
+    name = "triton"
+    cpu_rewrites = False
+
+    def __init__(self, device: str = "cuda", tune: str = "light"):
+        self.device = device
+        self.tune = tune  # "light": the heuristic's configuration and 2 more; "full": all
+        # Freezing checks every frozen parameter's contents on each call (freezing.py): on a
+        # GPU that is a comparison and a synchronization per parameter per call. Off by
+        # default there (as torch.compile's); options={"freezing": True} turns it on.
+        self.default_options = {"freezing": False} if device == "cuda" else {}
+
+    def generate(self, sched: Any, dtypes: dict[str, torch.dtype]) -> Any:
+        from .triton import generate_triton
+
+        return generate_triton(sched, dtypes, device=self.device, tune=self.tune)
+
+    def imports(self) -> list[str]:
+        return ["from ember_inductor.runtime.triton import load_kernels"]
+
+    def header(self, regions: list[Any], sources: Any) -> list[str]:
+        from .triton import wrapper_header
+
+        return wrapper_header(regions, sources)
+
+    def call(self, region: Any, args: list[str], desc: str, ops: str) -> list[str]:
+        from .triton import wrapper_call
+
+        return wrapper_call(region, args, desc, ops, self.device)
+
+
+_CPP = CppTarget()
+
+
+def target_for(gm: Any, options: dict[str, Any] | None) -> Target:
+    """The target of a graph: its tensors' device, and for CPU tensors the option
+    ``cpu_codegen`` ("cpp", the default, or "triton": Triton kernels under the interpreter)."""
+    options = options or {}
+    device = "cpu"
+    for n in gm.graph.nodes:
+        v = n.meta.get("val") if n.op == "placeholder" else None
+        if isinstance(v, torch.Tensor) and v.device.type != "cpu":
+            device = v.device.type
+            break
+    if device == "cuda":
+        return TritonTarget("cuda", str(options.get("_triton_tune", "light")))
+    if device != "cpu":
+        raise NotImplementedError(f"ember-inductor: {device} graphs are not supported (CPU and "
+                                  "CUDA only)")
+    codegen = options.get("cpu_codegen", "cpp")
+    if codegen == "triton":
+        return TritonTarget("cpu")
+    if codegen not in ("cpp", None):
+        raise ValueError(f"ember-inductor: option cpu_codegen={codegen!r}: expected 'cpp' or "
+                         "'triton'")
+    return _CPP

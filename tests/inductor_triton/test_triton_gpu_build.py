@@ -1,0 +1,139 @@
+"""The GPU path without a GPU: kernels generated for CUDA (GPU block sizes, Triton's libdevice)
+compile with Triton's real compiler for sm_90 and sm_80 (``triton.compile`` with Ember's
+signature, constexprs and alignment attributes: what the interpreter cannot check), and a
+compiled kernel goes through Ember's binary cache and back (``CompiledKernel`` rebuilt from the
+stored files, no compilation)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from triton_util import DEVICE
+
+GRAPHS = {
+    "rows": (lambda x, s: (torch.softmax(x * s, -1), torch.nn.functional.layer_norm(x, (64,)),
+                           x.argmax(-1), (x > 0).any(1), x.amax(-1)),
+             lambda: (torch.randn(32, 64), torch.randn(64))),
+    "looped_and_scalar": (lambda x: (torch.log_softmax(x, -1), x.sum(), *torch.var_mean(x, -1)),
+                          lambda: (torch.randn(4, 3000),)),
+    "pointwise": (lambda x, y, i, w: (x.t().contiguous() * 2, torch.tanh(x) + torch.erf(y.t()),
+                                      x // 3, torch.remainder(x, 0.7), torch.where(x > y.t(), x, 1.0),
+                                      torch.nn.functional.embedding(i, w) * 0.5,
+                                      (i * 7) // (i + 1)),
+                  lambda: (torch.randn(48, 40), torch.randn(40, 48), torch.tensor([[1, 3], [0, 2]]),
+                           torch.randn(5, 8))),
+    # few long rows: split across programs (a workspace and a finishing kernel)
+    "split": (lambda x, m: (x.sum(), x.amax(0), (x * 2).sum(0), m.any()),
+              lambda: (torch.randn(40000, 3), torch.rand(40000, 3) > 0.5)),
+    "dtypes": (lambda a, b, c: (a.double() * 2 + 1, (b & (b > 0)) | ~b, c.to(torch.int8) * 3),
+               lambda: (torch.randn(10, 7), torch.rand(10, 7) > 0.5,
+                        torch.randint(-5, 5, (10, 7)))),
+}
+
+
+def _nvidia():
+    try:
+        import triton  # noqa: F401
+        from triton.backends import backends
+        return "nvidia" in backends
+    except Exception:  # noqa: BLE001
+        return False
+
+
+pytestmark = [
+    pytest.mark.skipif(DEVICE != "cpu", reason="the GPU run builds kernels for real"),
+    pytest.mark.skipif(not _nvidia(), reason="this Triton has no NVIDIA backend"),
+]
+
+
+_SCRIPT = r"""
+import json, os, sys
+sys.path.insert(0, os.environ["EMBER_TEST_DIR"])
+import torch, triton
+from torch.fx.experimental.proxy_tensor import make_fx
+from triton.backends.compiler import GPUTarget
+from ember_inductor.compile_fx import generate_source
+from ember_inductor.decompositions import decompositions
+from ember_inductor.runtime import triton as rt
+from test_triton_gpu_build import GRAPHS
+
+out = {"compiled": [], "errors": []}
+for name, (fn, make) in sorted(GRAPHS.items()):
+    gm = make_fx(fn, decomposition_table=decompositions())(*make())
+    src, _ = generate_source(gm, key=f"gpu-{name}", options={"cpu_codegen": "triton"})
+    ns = {}
+    exec(src.split("_k = load_kernels")[0].split("CONSTANTS", 1)[1].split("\n", 1)[1], ns)
+    source, kernels = ns["TRITON_SOURCE"], ns["KERNELS"]
+    mod = rt._module(source)
+    for arch in ((90, 80) if name == "rows" else (90,)):
+        for kname, spec in kernels.items():
+            for cfg in [spec["config"]] + spec["candidates"][:1 if arch == 90 else 0]:
+                try:
+                    ck = triton.compile(rt._ast_source(getattr(mod, kname), spec, cfg),
+                                        target=GPUTarget("cuda", arch, 32),
+                                        options=rt._options(cfg))
+                    assert ck.asm.get("cubin")
+                    out["compiled"].append(f"{name}/{kname}/sm{arch}")
+                except Exception as e:
+                    out["errors"].append(f"{name}/{kname}/sm{arch} {cfg}: {type(e).__name__}: {str(e)[:800]}")
+    if name == "rows":  # Ember's binary cache: store, load back (no compile), corrupt -> miss
+        rt.machine_key = lambda: "test-machine"
+        kname, spec = next(iter(kernels.items()))
+        cfg = spec["config"]
+        f = getattr(mod, kname)
+        ck = triton.compile(rt._ast_source(f, spec, cfg), target=GPUTarget("cuda", 90, 32),
+                            options=rt._options(cfg))
+        key = rt._entry_key(source, kname, cfg)
+        rt._store_binary(ck, key)
+        before = dict(rt.counters)
+        back = rt._load_binary(f, spec, cfg, key)
+        out["roundtrip"] = (back is not None and back.asm["cubin"] == ck.asm["cubin"]
+                            and rt.counters["disk_hits"] == before["disk_hits"] + 1
+                            and rt.counters["compiles"] == before["compiles"])
+        d = rt._entry_dir(key)
+        next(p for p in d.iterdir() if p.suffix == ".cubin").write_bytes(b"garbage")
+        out["corrupt_is_miss"] = rt._load_binary(f, spec, cfg, key) is None
+# worker processes: every kernel of one graph compiled there, then loaded here from the cache
+fn, make = GRAPHS["pointwise"]
+gm = make_fx(fn, decomposition_table=decompositions())(*make())
+src, _ = generate_source(gm, key="gpu-pool", options={"cpu_codegen": "triton"})
+ns = {}
+exec(src.split("_k = load_kernels")[0].split("CONSTANTS", 1)[1].split("\n", 1)[1], ns)
+source, kernels = ns["TRITON_SOURCE"], ns["KERNELS"]
+mod = rt._module(source)
+rt.POOL_MIN_KERNELS = 1
+os.environ["EMBER_TRITON_COMPILE_WORKERS"] = "2"
+items = [(spec, spec["config"]) for spec in kernels.values()]
+before = dict(rt.counters)
+out["pool_built"] = rt.prebuild(source, items, target=("cuda", 90, 32))
+out["pool_loaded"] = all(rt._load_binary(getattr(mod, s["name"]), s, c,
+                                         rt._entry_key(source, s["name"], c)) is not None
+                         for s, c in items)
+out["pool_no_compile_here"] = rt.counters["compiles"] == before["compiles"]
+out["pool_kernels"] = len(items)
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_kernels_compile_for_gpu_and_cache_roundtrip(tmp_path, py):
+    """In a fresh process without TRITON_INTERPRET (Triton decides interpreter or compiler when
+    it is imported): every kernel of GRAPHS, default configuration and a tuning candidate,
+    compiles for sm_90 (one graph's also for sm_80); the binary cache round-trips."""
+    import json
+    from pathlib import Path
+
+    env = {"EMBER_CACHE_DIR": str(tmp_path), "EMBER_TEST_DIR": str(Path(__file__).parent),
+           "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
+    r = py(_SCRIPT, env=env, pythonpath=[str(Path(__file__).parent)], timeout=600)
+    line = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
+    assert line, f"the build script failed:\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
+    out = json.loads(line[-1][7:])
+    assert not out["errors"], "\n".join(out["errors"])
+    assert len(out["compiled"]) >= 12, out["compiled"]
+    assert any("_fin/" in c for c in out["compiled"]), "no split reduction was built"
+    assert out["roundtrip"] and out["corrupt_is_miss"], out
+    # built by worker processes, loaded here without compiling
+    assert out["pool_built"] == out["pool_kernels"] >= 2, out
+    assert out["pool_loaded"] and out["pool_no_compile_here"], out

@@ -1,0 +1,234 @@
+"""Op-level tests of the Triton target against eager: pointwise (broadcasting, NaN/inf/-0.0,
+integer division), reductions along each axis, var_mean, argmax, indexing (out of range raises
+eager's IndexError), cat/pad, views, 2-D tiled transposes, dtypes the interpreter supports."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from triton_util import DEVICE, assert_same, compile_triton
+
+
+def t(*shape, dtype=torch.float32, **kw):
+    g = torch.Generator().manual_seed(hash(shape) % 1000)
+    if dtype.is_floating_point:
+        x = torch.randn(*shape, generator=g, dtype=torch.float32).to(dtype)
+    elif dtype == torch.bool:
+        x = torch.randint(0, 2, shape, generator=g).bool()
+    else:
+        x = torch.randint(-20, 20, shape, generator=g).to(dtype)
+    return x.to(DEVICE)
+
+
+def special(*shape):
+    x = t(*shape)
+    flat = x.view(-1)
+    vals = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 0.0, 1e-40])
+    flat[:len(vals)] = vals.to(DEVICE)
+    return x
+
+
+POINTWISE = {
+    "chain": lambda x, y: torch.relu(x * 2 + y).sigmoid() - torch.tanh(y) / 3,
+    "broadcast_row": lambda x, y: x + y[0],
+    "broadcast_col": lambda x, y: x * y[:, :1] - 1.5,
+    "math": lambda x, y: torch.exp(x).log1p() + torch.erf(y) + torch.sqrt(x.abs()) +
+    torch.rsqrt(y.abs() + 1) + torch.expm1(y * 0.1) + torch.atan(x) + torch.floor(y * 3),
+    "where_minmax": lambda x, y: torch.where(x > y, torch.maximum(x, y), torch.minimum(x, y)),
+    "pow_clamp": lambda x, y: torch.clamp(x, -0.5, 0.5) ** 2 + y.pow(3),
+    "gelu": lambda x, y: torch.nn.functional.gelu(x) + torch.nn.functional.silu(y),
+}
+
+
+@pytest.mark.parametrize("name", sorted(POINTWISE))
+def test_pointwise(name):
+    fn = POINTWISE[name]
+    x, y = t(6, 37), t(6, 37) + 0.5
+    assert_same(compile_triton(fn)(x, y), fn(x, y))
+
+
+def test_nan_inf_negative_zero():
+    def fn(x):
+        return (torch.maximum(x, torch.zeros_like(x)), torch.relu(x), x * -1.0, x.amax(1),
+                x.argmax(1), torch.isnan(x), x.clamp(min=0))
+    x = special(4, 12)
+    assert_same(compile_triton(fn)(x), fn(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_integer_division(dtype):
+    def fn(a, b):
+        return a // b, a % b, torch.div(a, b, rounding_mode="trunc"), (a * 3 - b) // 4
+    a = t(5, 9, dtype=dtype)
+    b = t(5, 9, dtype=dtype)
+    b = torch.where(b == 0, torch.ones_like(b), b)
+    assert_same(compile_triton(fn)(a, b), fn(a, b))
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="eager's CUDA kernels do not raise on an integer "
+                    "division by zero (nor does the Triton target there)")
+def test_integer_division_by_zero_raises():
+    def fn(a, b):
+        return a // b
+    a = t(4, dtype=torch.int64)
+    b = torch.tensor([1, 2, 0, 3], device=DEVICE)
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        fn(a, b)
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        compile_triton(fn)(a, b)
+
+
+def test_float_division_semantics():
+    def fn(a, b):
+        return a / b, a // b, torch.remainder(a, b), torch.fmod(a, b)
+    a = torch.tensor([5.0, -5.0, 5.0, -5.0, 0.0, -0.0, 1.0, float("inf"), 7.5], device=DEVICE)
+    b = torch.tensor([3.0, 3.0, -3.0, -3.0, 2.0, 2.0, 0.0, 2.0, 0.5], device=DEVICE)
+    assert_same(compile_triton(fn)(a, b), fn(a, b))
+
+
+@pytest.mark.parametrize("dim", [0, 1, 2, -1, (0, 2)])
+def test_reductions_each_axis(dim):
+    def fn(x):
+        p = x.prod(dim) if isinstance(dim, int) else x.prod(0)
+        return x.sum(dim), x.amax(dim, keepdim=True), x.mean(dim), x.amin(dim), p
+    x = t(4, 6, 10) * 0.5
+    assert_same(compile_triton(fn)(x), fn(x), atol=1e-4, rtol=1e-4)
+
+
+def test_argmax_argmin_ties_nan():
+    def fn(x):
+        return x.argmax(1), x.argmin(0), x.argmax(1, keepdim=True)
+    x = torch.tensor([[1.0, 3.0, 3.0, 0.0], [2.0, float("nan"), 5.0, float("nan")],
+                      [0.0, 0.0, 0.0, 0.0]], device=DEVICE)
+    assert_same(compile_triton(fn)(x), fn(x))
+
+
+def test_var_mean_softmax_layernorm():
+    def fn(x, w, b):
+        v, m = torch.var_mean(x, dim=-1, unbiased=True)
+        return (v, m, torch.softmax(x, -1), torch.log_softmax(x, 0),
+                torch.nn.functional.layer_norm(x, (x.shape[-1],), w, b))
+    x, w, b = t(5, 33), t(33), t(33)
+    assert_same(compile_triton(fn)(x, w, b), fn(x, w, b), atol=1e-5, rtol=1e-4)
+
+
+def test_looped_reduction():
+    # rows longer than a persistent block: the looped form
+    def fn(x):
+        return x.sum(-1), torch.softmax(x, -1), x.amax(-1), x.argmax(-1)
+    x = t(3, 5000)
+    assert_same(compile_triton(fn)(x), fn(x), atol=1e-4, rtol=1e-4)
+
+
+def test_bool_any_all():
+    def fn(x):
+        return x.any(1), x.all(0), (x > 0).sum(1)
+    x = t(6, 7)
+    assert_same(compile_triton(fn)(x), fn(x))
+
+
+def test_indexing():
+    def fn(w, idx, x, g):
+        return (torch.nn.functional.embedding(idx, w) * 2, x[idx[:, 0]], torch.gather(x, 1, g),
+                torch.index_select(x, 0, idx[0]))
+    w, x = t(10, 8), t(10, 5)
+    idx = torch.tensor([[1, 9], [0, 3], [-1, 2]], device=DEVICE)
+    g = torch.randint(0, 5, (10, 3)).to(DEVICE)
+    idx_e = idx.clamp(min=0)
+    assert_same(compile_triton(fn)(w, idx_e, x, g), fn(w, idx_e, x, g))
+
+    def neg(x, i):  # x[i] wraps negative indices as eager does
+        return x[i] + 1
+    assert_same(compile_triton(neg)(x, idx[:, 0]), neg(x, idx[:, 0]))
+
+
+def test_index_out_of_range_raises():
+    def fn(w, idx):
+        return torch.nn.functional.embedding(idx, w) + 1
+    w = t(10, 4)
+    ok = torch.tensor([1, 2], device=DEVICE)
+    bad = torch.tensor([1, 10], device=DEVICE)
+    cf = compile_triton(fn)
+    assert_same(cf(w, ok), fn(w, ok))
+    with pytest.raises(IndexError):
+        cf(w, bad)
+
+
+def test_cat_pad_views():
+    def fn(x, y):
+        a = torch.cat([x, y * 2], 1)
+        b = torch.nn.functional.pad(x, (1, 2, 0, 1), value=-1.0)
+        c = x.t().contiguous() + 1
+        d = x.view(3, 2, 10).permute(2, 0, 1).reshape(10, 6) * y.reshape(10, 6)
+        return a, b, c, d, x[1:, ::2] - 1
+    x, y = t(6, 10), t(6, 10)
+    assert_same(compile_triton(fn)(x, y), fn(x, y))
+
+
+def test_transpose_2d_tiles():
+    def fn(x):
+        return x.t() * 2 + 1, (x.permute(1, 0) + x.t()).sum(1)
+    x = t(48, 40)
+    assert_same(compile_triton(fn)(x), fn(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.int32, torch.int8, torch.bool,
+                                   torch.float16, torch.bfloat16])
+def test_dtypes(dtype):
+    if dtype in (torch.float16, torch.bfloat16) and DEVICE == "cpu":
+        pytest.skip("the interpreter has no bfloat16/float16 arithmetic; tested on the GPU")
+
+    def fn(x, y):
+        if dtype == torch.bool:
+            return x & y, x | ~y, (x ^ y).sum()
+        return x * 2 + y, (x - y).abs(), x.sum(0), x.amax(1), (x > y).to(dtype)
+    x, y = t(5, 7, dtype=dtype), t(5, 7, dtype=dtype)
+    assert_same(compile_triton(fn)(x, y), fn(x, y))
+
+
+def test_low_precision_sum_accumulates_in_float32():
+    if DEVICE == "cpu":
+        pytest.skip("the interpreter has no bfloat16 arithmetic; tested on the GPU")
+
+    def fn(x):
+        return x.sum(-1), torch.softmax(x, -1)
+    x = t(4, 3000, dtype=torch.bfloat16)
+    ref = fn(x.float())
+    out = compile_triton(fn)(x)
+    torch.testing.assert_close(out[0].float(), ref[0], atol=0.5, rtol=1e-2)
+    torch.testing.assert_close(out[1].float(), ref[1], atol=1e-3, rtol=2e-2)
+
+
+def test_dynamic_shapes_sizes_are_arguments():
+    def fn(x, y):
+        return torch.softmax(x * y, -1), x.sum(0)
+    cf = compile_triton(fn, dynamic=True)
+    for n in (3, 9, 17):
+        x, y = t(n, 12), t(n, 12)
+        assert_same(cf(x, y), fn(x, y))
+
+
+def test_mm_epilogue_and_scalar_reduction():
+    def fn(x, w, b):
+        h = torch.relu(x @ w + b)
+        return h, h.sum(), (h * h).mean()
+    x, w, b = t(8, 16), t(16, 12), t(12)
+    assert_same(compile_triton(fn)(x, w, b), fn(x, w, b), atol=1e-4, rtol=1e-4)
+
+
+def test_split_reductions(monkeypatch):
+    """Few long rows: each row's reduction is split across programs (partial results in a
+    workspace, then a finishing kernel); forced on here with small thresholds."""
+    from ember_inductor.codegen import triton as tcg
+
+    monkeypatch.setattr(tcg, "SPLIT_IN_INTERPRETER", [True])
+    monkeypatch.setattr(tcg, "SPLIT_MIN_LENGTH", [2000])
+    monkeypatch.setattr(tcg, "SPLIT_CHUNK", [700])
+
+    def fn(x, m):
+        return (x.sum(), x.amax(), (x * 2).sum(0), x.prod(0), m.any(), m.all(0),
+                x.mean(1, keepdim=True))
+    x = t(3000, 3) * 0.1 + 1
+    m = t(3000, 3) > -3
+    assert_same(compile_triton(fn)(x, m), fn(x, m), atol=1e-4, rtol=1e-4)
