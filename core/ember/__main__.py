@@ -59,6 +59,11 @@ def _cmd_backends(args: argparse.Namespace) -> int:
               "tree) or another ember plugin package")
         return 1
     print(format_table(rows, describe=args.describe))
+    runtimes = [r for r in rows if r.get("runtime")]
+    if runtimes:
+        print()
+        for r in runtimes:
+            print(f"{r['name']}: runs on {r['runtime']}")
     if args.options:
         print(format_options(rows))
     failed = [r for r in rows if r["status"] != "ok"]
