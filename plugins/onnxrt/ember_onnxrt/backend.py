@@ -85,13 +85,41 @@ class Compiled:
     def share(self) -> float:
         return self.ort_ops / self.total_ops if self.total_ops else 1.0
 
+    def __post_init__(self) -> None:
+        self.restride: dict[int, Any] = {}
+
     def __call__(self, *args: Any) -> Any:
-        return self.fn(*args)
+        out = self.fn(*args)
+        if self.restride:
+            # ONNX tensors are contiguous; where the graph's output has other strides (a
+            # transposed result), Ember regenerates aliases of it from those strides: honor them
+            out = list(out)
+            for k, (shape, stride) in self.restride.items():
+                r = out[k]
+                if isinstance(r, torch.Tensor) and tuple(r.stride()) != stride \
+                        and tuple(r.shape) == shape:
+                    t = torch.empty_strided(shape, stride, dtype=r.dtype, device=r.device)
+                    t.copy_(r)
+                    out[k] = t
+        return out
 
     def ember_precompile(self, name: str) -> tuple[str, dict[str, bytes]]:
         from .precompile import fragment
 
         return fragment(self, name)
+
+
+def _output_strides(gm: torch.fx.GraphModule) -> dict[int, tuple[tuple[int, ...], tuple]]:
+    """Outputs whose traced strides are not contiguous (static shapes): index -> (shape,
+    strides)."""
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    res = {}
+    for k, o in enumerate(out.args[0] if isinstance(out.args[0], (list, tuple)) else []):
+        v = o.meta.get("val") if isinstance(o, torch.fx.Node) else None
+        if isinstance(v, torch.Tensor) and all(isinstance(d, int) for d in v.shape) and \
+                all(isinstance(d, int) for d in v.stride()) and not v.is_contiguous():
+            res[k] = (tuple(v.shape), tuple(v.stride()))
+    return res
 
 
 def compile_onnxrt(gm: torch.fx.GraphModule, example_inputs: list[Any], *,
@@ -116,7 +144,7 @@ def compile_onnxrt(gm: torch.fx.GraphModule, example_inputs: list[Any], *,
     frozen = _frozen_inputs(gm, example_inputs, context, options)
     total = len(_compute_nodes(gm))
     refused: dict[torch.fx.Node, str] = {}
-    for attempt in range(8):
+    for attempt in range(32):
         try:
             comp = _partition_and_build(gm, example_inputs, frozen, options, device, graph_id,
                                         refused)
@@ -130,6 +158,7 @@ def compile_onnxrt(gm: torch.fx.GraphModule, example_inputs: list[Any], *,
     if comp is None:
         comp = Compiled(graph_id, gm.forward, 0, total, 0, {"*": "ORT refused the subgraphs"}, gm)
     comp.total_ops = total
+    comp.restride = _output_strides(gm) if comp.subgraphs else {}
     last_compiled.append(comp)
     del last_compiled[:-64]
     counters["graphs"] += 1
@@ -271,7 +300,8 @@ def _partition_and_build(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]
         except Exception as e:  # noqa: BLE001  this subgraph stays ATen
             log.warning("onnxrt: %s: the subgraph %s (%d ops) could not be built and runs as "
                         "ATen: %s: %s", graph_id, node.target, len(sub_ops), type(e).__name__,
-                        str(e)[:300])
+                        str(e)[:2000])
+            log.debug("onnxrt: %s: %s", graph_id, node.target, exc_info=True)
             for n in sub_ops:
                 aten_ops.setdefault(_op_name(n), f"its subgraph failed to build: "
                                     f"{type(e).__name__}")
@@ -348,14 +378,14 @@ class _OrtSubgraph:
             if n.op == "placeholder":
                 v = n.meta.get("val")
                 h.update(repr((getattr(v, "shape", v), getattr(v, "dtype", None))).encode())
-        h.update(f"opset={T.OPSET}".encode())
+        h.update(f"opset={T.OPSET}|translator={T.TRANSLATOR_VERSION}|"
+                 f"onnxscript={T.onnxscript_version()}".encode())
         if frozen:
             for j in sorted(self.init):
                 t = self.init[j].detach().contiguous()
                 h.update(f"{j}:{tuple(t.shape)}:{t.dtype}".encode())
                 if t.device.type == "cpu":
-                    h.update(memoryview(t.view(torch.uint8).numpy() if t.dtype != torch.bool
-                                        else t.to(torch.uint8).numpy()))
+                    h.update(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
                 else:
                     h.update(t.cpu().numpy().tobytes())
         return h.hexdigest()
@@ -376,7 +406,7 @@ class _OrtSubgraph:
             sess, data = S.open_session(key, model_bytes, self.options, self.device,
                                         use_cache=bool(self.options.get("cache", True)))
         except T.Unsupported as e:
-            node = self._node_named(str(e))
+            node = self.name_map.get(e.node_name or "") or self._node_named(str(e))
             raise _Refused(node, str(e)) if node is not None else e
         except Exception as e:  # noqa: BLE001  ORT refused the model
             node = self._node_from_ort_error(str(e), built)

@@ -238,11 +238,7 @@ class OrtCall:
                 out.append(d)
                 continue
             try:
-                import sympy
-
-                v = d.subs({sympy.Symbol(k, integer=True, positive=True): v
-                            for k, v in env.items()})
-                v = v.subs({s: env[s.name] for s in v.free_symbols if s.name in env})
+                v = d.subs({s: env[s.name] for s in d.free_symbols if s.name in env})
                 out.append(int(v))
             except Exception:  # noqa: BLE001  data-dependent: ORT allocates it
                 return None

@@ -35,6 +35,12 @@ import torch.fx
 log = logging.getLogger("ember.onnxrt.translate")
 
 OPSET = 18  # torch_lib's functions are written against opset 18
+#: part of every cache key: bump when a change here changes the models built
+TRANSLATOR_VERSION = 2
+
+
+def onnxscript_version() -> str:
+    return _lib()[1].__version__
 
 aten = torch.ops.aten
 
@@ -67,7 +73,9 @@ def onnx_dtype(dtype: torch.dtype) -> Any:
 
 
 class Unsupported(Exception):
-    """A node the translator cannot take (the message says why)."""
+    """A node the translator cannot take (the message says why; ``node_name``: which)."""
+
+    node_name: str | None = None
 
 
 def qualified_name(target: Any) -> str | None:
@@ -235,7 +243,7 @@ class _Recorder:
         elif op.name == "BatchNormalization" and not kwargs.get("training_mode", 0):
             n_out = 1
         # optional trailing inputs left as None are dropped (ONNX: absent)
-        args = [self._tensor(a) for a in args]
+        args = [self._sequence(self._tensor(a)) for a in args]
         while args and args[-1] is None:
             args.pop()
         return self.builder.call_op(op.name, args, kwargs, domain=op.opset.domain,
@@ -250,15 +258,67 @@ class _Recorder:
             return self.builder.initializer(a, name=f"const_t{self.n_consts}")
         return a
 
+    def _sequence(self, a: Any) -> Any:
+        """A Python list of sizes holding symbolic sizes (``ir.Value``s), as torch_lib passes
+        them on: one INT64 tensor (torch_lib's functions take such lists; ONNX ops do not)."""
+        ir = _lib()[0]
+        if isinstance(a, (list, tuple)) and len(a) == 0:
+            # an empty list of sizes (a scalar's shape): the builder cannot type it
+            return self._tensor(ir.tensor([], dtype=ir.DataType.INT64))
+        if not isinstance(a, (list, tuple)) or not any(isinstance(x, ir.Value) for x in a):
+            return a
+        b = self.builder
+        parts = []
+        for x in a:
+            if isinstance(x, ir.Value):
+                parts.append(b.op.Reshape(b.op.Cast(x, to=ir.DataType.INT64),
+                                          self._tensor(ir.tensor([1], dtype=ir.DataType.INT64))))
+            else:
+                parts.append(self._tensor(ir.tensor([int(x)], dtype=ir.DataType.INT64)))
+        return b.op.Concat(*parts, axis=0)
+
     def eval_function(self, function: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
         traceable = getattr(function, "traceable", None)
         if traceable is None or traceable:  # TracedOnnxFunction, or marked traceable
             return function.function(*args, **kwargs)
-        # a scripted ONNX function: inline its body (no function definitions in the model)
-        like = next((a for a in args if _is_ir_value(a)), None)
+        # a scripted ONNX function: inline its body (no function definitions in the model);
+        # its attributes must be given by name, its inputs positionally
+        sig = function.op_signature
+        names = [p.name for p in sig.params]
+        attr_names = {p.name for p in sig.params if isinstance(p, ir_schemas().AttributeParameter)}
+        bound = dict(zip(names, args))
+        bound.update(kwargs)
+        ins_raw = [bound[n] if n in bound else None for n in names if n not in attr_names]
+        attrs = {}
+        for prm in sig.params:
+            if prm.name not in attr_names:
+                continue
+            v = bound.get(prm.name)
+            if v is None:
+                if prm.default is None:
+                    continue
+                attrs[prm.name] = prm.default
+            else:
+                attrs[prm.name] = ir_convenience().convert_attribute(prm.name, v, prm.type)
+        kwargs = attrs
+        while ins_raw and ins_raw[-1] is None:
+            ins_raw.pop()
+        like = next((a for a in ins_raw if _is_ir_value(a)), None)
         ins = [self.builder._input_to_ir_value(a, like) if not _is_ir_value(a) and
-               a is not None else a for a in args]
+               a is not None else a for a in ins_raw]
         return self.builder.call_inline(function, *ins, **kwargs)
+
+
+def ir_convenience() -> Any:
+    import onnx_ir.convenience
+
+    return onnx_ir.convenience
+
+
+def ir_schemas() -> Any:
+    import onnx_ir.schemas
+
+    return onnx_ir.schemas
 
 
 def _is_ir_value(v: Any) -> bool:
@@ -280,10 +340,10 @@ def _sym_name(s: Any) -> str | int:
     if isinstance(s, int):
         return s
     if isinstance(s, torch.SymInt):
-        try:
-            return int(s)
-        except Exception:
-            return str(s.node.expr).replace(" ", "")
+        e = s.node.expr  # never int(s): that would read the hint and specialize
+        if getattr(e, "is_Integer", False):
+            return int(e)
+        return str(e).replace(" ", "")
     return str(s)
 
 
@@ -348,11 +408,15 @@ def build_model(gm: torch.fx.GraphModule, initializers: dict[int, torch.Tensor] 
                 for k, onode in enumerate(graph):
                     if k >= start:
                         onode.metadata_props["ember.fx_node"] = node.name
-            except Unsupported:
+            except Unsupported as e:
+                e.node_name = node.name
                 raise
             except Exception as e:
-                raise Unsupported(f"{qualified_name(node.target) or node.target}: translation "
-                                  f"failed: {type(e).__name__}: {str(e)[:300]}") from e
+                log.debug("translating %s failed", node.format_node(), exc_info=True)
+                u = Unsupported(f"{qualified_name(node.target) or node.target}: translation "
+                                f"failed: {type(e).__name__}: {str(e)[:300]}")
+                u.node_name = node.name
+                raise u from e
     outs = output_node.args[0]
     output_names = []
     for k, o in enumerate(outs if isinstance(outs, (list, tuple)) else [outs]):
@@ -406,17 +470,6 @@ def _convert_arg(a: Any, env: dict[torch.fx.Node, Any], builder: Any) -> Any:
         return env[a]
     if isinstance(a, (list, tuple)):
         items = [_convert_arg(x, env, builder) for x in a]
-        if any(isinstance(x, torch.fx.Node) and isinstance(_val(x), (torch.SymInt,))
-               for x in a):
-            # a list of sizes holding symbolic ones: one INT64 tensor
-            parts = []
-            for x in items:
-                if isinstance(x, ir.Value):
-                    parts.append(builder.op.Reshape(builder.op.Cast(x, to=ir.DataType.INT64),
-                                                    [1]))
-                else:
-                    parts.append(builder._get_or_create_constant([int(x)], ir.DataType.INT64))
-            return builder.op.Concat(*parts, axis=0)
         return items
     if isinstance(a, torch.dtype):
         return onnx_dtype(a)
@@ -482,21 +535,24 @@ def _fix_types(node: torch.fx.Node, result: Any, builder: Any) -> Any:
     ir = _lib()[0]
     expected = _val(node)
     if isinstance(result, ir.Value) and isinstance(expected, torch.Tensor):
-        want = onnx_dtype(expected.dtype)
-        got = result.dtype
-        if got is not None and got != want:
-            result = builder.op.Cast(result, to=want)
-        elif got is None:
-            result = builder.op.Cast(result, to=want)
-        return result
+        return _settle(builder, result, expected)
     if isinstance(result, ir.Value) and isinstance(expected, (torch.SymInt, int)):
         return result
     if isinstance(result, (list, tuple)) and isinstance(expected, (list, tuple)):
-        fixed = []
-        for r, e in zip(result, expected):
-            if isinstance(r, ir.Value) and isinstance(e, torch.Tensor) and r.dtype is not None \
-                    and r.dtype != onnx_dtype(e.dtype):
-                r = builder.op.Cast(r, to=onnx_dtype(e.dtype))
-            fixed.append(r)
-        return fixed
+        return [_settle(builder, r, e) if isinstance(r, ir.Value) and
+                isinstance(e, torch.Tensor) else r for r, e in zip(result, expected)]
     return result
+
+
+def _settle(builder: Any, value: Any, expected: torch.Tensor) -> Any:
+    """Give ``value`` the type and shape the graph's metadata says it has (torch_lib's
+    functions read their inputs' ranks and types); a ``Cast`` where its type differs."""
+    ir = _lib()[0]
+    want = onnx_dtype(expected.dtype)
+    if value.dtype is None or value.dtype != want:
+        value = builder.op.Cast(value, to=want)
+    if value.producer() is not None and not value.is_graph_input():
+        typ, shape = value_type(ir, expected)
+        value.type = typ
+        value.shape = shape
+    return value
