@@ -33,12 +33,24 @@ def _runtime() -> str:
     return runtime_info()
 
 
+def _decompositions() -> Any:
+    """ATen ops torch_lib has no function for, decomposed while tracing into ops it has (so they
+    run in ONNX Runtime instead of splitting the graph)."""
+    import torch
+    from torch._decomp import get_decompositions
+
+    aten = torch.ops.aten
+    return get_decompositions([aten.rsub.Scalar, aten.rsub.Tensor, aten.var.correction,
+                               aten.var_mean.correction, aten._weight_norm_interface,
+                               aten.std.correction, aten.std_mean.correction])
+
+
 @ember.hookimpl
 def ember_backends() -> list[ember.Backend]:
     from .backend import OPTIONS
 
     return [ember.Backend(name="onnxrt", compile=compile_onnxrt, level="aten", training=False,
-                          options=OPTIONS, runtime=_runtime,
+                          decompositions=_decompositions, options=OPTIONS, runtime=_runtime,
                           description="inference through ONNX Runtime (ATen -> ONNX with "
                                       "onnxscript's torch_lib; unsupported ops stay ATen)")]
 

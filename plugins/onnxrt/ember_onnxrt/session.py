@@ -286,3 +286,43 @@ def _from_ort(v: Any, dtype: torch.dtype) -> torch.Tensor:
         return torch.from_dlpack(v.to_dlpack())
     except Exception:  # noqa: BLE001  builds without DLPack: one copy through NumPy
         return torch.from_numpy(v.numpy()).to(dtype)
+
+
+# -- precompiled artifacts ---------------------------------------------------------------------
+
+def artifact_subgraph(data: bytes, spec: dict[str, Any], options: dict[str, Any]) -> Any:
+    """An ORT subgraph of a precompiled artifact: a session on ``data`` (ONNX bytes) called as
+    the compiled graph called it (inputs bound by pointer, outputs allocated by torch)."""
+    rt = ort()
+    device = "cpu"
+    sess = rt.InferenceSession(data, session_options(options), providers=providers_for(device))
+    out_meta = [(tuple(s), getattr(torch, d)) for s, d in spec["out_meta"]]
+    call = OrtCall(sess, spec["input_names"], spec["input_index"], spec["output_names"],
+                   out_meta, device)
+    single = spec["single"]
+
+    def run(*args: Any) -> Any:
+        outs = call(*args)
+        return outs[0] if single else tuple(outs)
+
+    return run
+
+
+def artifact_call(graph_fn: Any, consts: Any, subs: list[Any],
+                  restride: dict[int, tuple[tuple[int, ...], tuple[int, ...]]]) -> Any:
+    """The compiled graph's callable in an artifact: the partitioned graph with its ORT
+    subgraphs, outputs given their traced strides (as ``Compiled.__call__`` does)."""
+
+    def call(*args: Any) -> Any:
+        out = graph_fn(consts, *args, *subs)
+        if restride:
+            out = list(out)
+            for k, (shape, stride) in restride.items():
+                r = out[k]
+                if tuple(r.stride()) != tuple(stride) and tuple(r.shape) == tuple(shape):
+                    t = torch.empty_strided(shape, stride, dtype=r.dtype, device=r.device)
+                    t.copy_(r)
+                    out[k] = t
+        return out
+
+    return call

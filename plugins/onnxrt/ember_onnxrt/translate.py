@@ -214,6 +214,10 @@ def _named_args(node: torch.fx.Node, fn: Any) -> dict[str, Any]:
         if k in params:
             out[k] = v
             continue
+        pos = names.index(k) if k in names else -1
+        if 0 <= pos < len(params) and params[pos] not in names and params[pos] not in out:
+            out[params[pos]] = v  # the same parameter under another name (``min`` / ``min_``)
+            continue
         if k in _DROPPABLE or v is None:
             continue
         default = schema_args[k].default_value if k in schema_args else None
@@ -277,6 +281,24 @@ class _Recorder:
                 parts.append(self._tensor(ir.tensor([int(x)], dtype=ir.DataType.INT64)))
         return b.op.Concat(*parts, axis=0)
 
+    def _promote(self, a: Any, prm: Any, params: list[Any], values: list[Any]) -> Any:
+        """A Python constant for an input of a scripted function: the type its parameter's
+        constraint allows (INT64 for sizes), else the type of the input sharing its
+        constraint."""
+        ir = _lib()[0]
+        if a is None or isinstance(a, ir.Value):
+            return a
+        tc = getattr(prm, "type_constraint", None)
+        allowed = list(getattr(tc, "allowed_types", ()) or ())
+        if len(allowed) == 1 and hasattr(allowed[0], "dtype"):
+            return self.builder._input_to_ir_value(
+                self._tensor(ir.tensor(a, dtype=allowed[0].dtype)) if not isinstance(
+                    a, ir.Value) else a)
+        for other, v in zip(params, values):
+            if isinstance(v, ir.Value) and getattr(other, "type_constraint", None) is tc:
+                return self.builder._input_to_ir_value(a, v)
+        return self.builder._input_to_ir_value(a)
+
     def eval_function(self, function: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
         traceable = getattr(function, "traceable", None)
         if traceable is None or traceable:  # TracedOnnxFunction, or marked traceable
@@ -303,9 +325,8 @@ class _Recorder:
         kwargs = attrs
         while ins_raw and ins_raw[-1] is None:
             ins_raw.pop()
-        like = next((a for a in ins_raw if _is_ir_value(a)), None)
-        ins = [self.builder._input_to_ir_value(a, like) if not _is_ir_value(a) and
-               a is not None else a for a in ins_raw]
+        in_params = [prm for prm in sig.params if prm.name not in attr_names]
+        ins = [self._promote(a, prm, in_params, ins_raw) for a, prm in zip(ins_raw, in_params)]
         return self.builder.call_inline(function, *ins, **kwargs)
 
 
@@ -398,25 +419,12 @@ def build_model(gm: torch.fx.GraphModule, initializers: dict[int, torch.Tensor] 
         env[p] = value
     rec = _Recorder(builder)
     output_node = next(n for n in gm.graph.nodes if n.op == "output")
-    with evaluator.default_as(rec):
-        for node in gm.graph.nodes:
-            if node.op != "call_function":
-                continue
-            start = graph.num_nodes()
-            try:
-                env[node] = _translate(node, env, builder)
-                for k, onode in enumerate(graph):
-                    if k >= start:
-                        onode.metadata_props["ember.fx_node"] = node.name
-            except Unsupported as e:
-                e.node_name = node.name
-                raise
-            except Exception as e:
-                log.debug("translating %s failed", node.format_node(), exc_info=True)
-                u = Unsupported(f"{qualified_name(node.target) or node.target}: translation "
-                                f"failed: {type(e).__name__}: {str(e)[:300]}")
-                u.node_name = node.name
-                raise u from e
+    # ``a * b`` on values inside torch_lib's functions: the builder's ops
+    old_handler = ir.set_value_magic_handler(builder.op)
+    try:
+        _translate_nodes(gm, graph, env, builder, rec, evaluator)
+    finally:
+        ir.set_value_magic_handler(old_handler)
     outs = output_node.args[0]
     output_names = []
     for k, o in enumerate(outs if isinstance(outs, (list, tuple)) else [outs]):
@@ -434,6 +442,34 @@ def build_model(gm: torch.fx.GraphModule, initializers: dict[int, torch.Tensor] 
         output_names.append(value.name)
     model = ir.Model(graph, ir_version=10, producer_name="ember-onnxrt")
     return Built(model, input_names, input_index, output_names, init_index)
+
+
+def _translate_nodes(gm: torch.fx.GraphModule, graph: Any, env: dict[torch.fx.Node, Any],
+                     builder: Any, rec: Any, evaluator: Any) -> None:
+    current = [""]
+    add = builder._add_node
+
+    def tagged(onode: Any) -> None:  # every ONNX node names the fx node it came from
+        onode.metadata_props["ember.fx_node"] = current[0]
+        add(onode)
+
+    builder._add_node = tagged
+    with evaluator.default_as(rec):
+        for node in gm.graph.nodes:
+            if node.op != "call_function":
+                continue
+            current[0] = node.name
+            try:
+                env[node] = _translate(node, env, builder)
+            except Unsupported as e:
+                e.node_name = node.name
+                raise
+            except Exception as e:
+                log.debug("translating %s failed", node.format_node(), exc_info=True)
+                u = Unsupported(f"{qualified_name(node.target) or node.target}: translation "
+                                f"failed: {type(e).__name__}: {str(e)[:300]}")
+                u.node_name = node.name
+                raise u from e
 
 
 def _const(builder: Any, value: Any, dtype: torch.dtype) -> Any:
@@ -478,6 +514,17 @@ def _convert_arg(a: Any, env: dict[torch.fx.Node, Any], builder: Any) -> Any:
     return a
 
 
+def _scalar_param(target: Any, name: str) -> bool:
+    """Is ``name`` a ``Scalar`` parameter of the overload (torch_lib's functions for those take
+    a Python number)?"""
+    if not isinstance(target, torch._ops.OpOverload):
+        return False
+    for a in target._schema.arguments:
+        if a.name == name:
+            return str(a.type) in ("Scalar", "number")
+    return False
+
+
 def _translate(node: torch.fx.Node, env: dict[torch.fx.Node, Any], builder: Any) -> Any:
     ir = _lib()[0]
     if node.target is operator.getitem:
@@ -503,7 +550,7 @@ def _translate(node: torch.fx.Node, env: dict[torch.fx.Node, Any], builder: Any)
                 src = _val(a)
                 if isinstance(src, torch.Tensor) and src.dtype != cd:
                     v = builder.op.Cast(v, to=onnx_dtype(cd))
-            elif isinstance(v, (int, float, bool)):
+            elif isinstance(v, (int, float, bool)) and not _scalar_param(node.target, k):
                 v = _const(builder, v, cd)
         kwargs[k] = v
     result = _call(fn, kwargs)
