@@ -65,7 +65,8 @@ def test_listed_inference_only_with_runtime_and_providers(capsys):
 
     assert onnxruntime.__version__ in row["runtime"] and "CPUExecutionProvider" in row["runtime"]
     assert main(["backends"]) == 0
-    assert f"onnxrt: runs on onnxruntime {onnxruntime.__version__}" in capsys.readouterr().out
+    assert f"runtime of onnxrt: onnxruntime {onnxruntime.__version__}, providers: " in \
+        capsys.readouterr().out
 
 
 # -- ops ---------------------------------------------------------------------------------------
@@ -310,3 +311,21 @@ def test_listing_does_not_import_onnxruntime():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=dict(os.environ), check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+def _cuda_ep() -> bool:
+    import onnxruntime
+
+    return torch.cuda.is_available() and \
+        "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+
+
+@pytest.mark.skipif(not _cuda_ep(), reason="needs a CUDA GPU and onnxruntime-gpu "
+                    "(CUDAExecutionProvider)")
+def test_cuda_tensors_use_the_cuda_execution_provider():
+    m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU()).eval().cuda()
+    got, want, comp = _run(m, torch.randn(4, 8, device="cuda"))
+    _close(got, want, tol=1e-3)
+    (call,) = comp.calls
+    assert call.frozen_call.sess.get_providers()[0] == "CUDAExecutionProvider"
+    assert got.device.type == "cuda"
