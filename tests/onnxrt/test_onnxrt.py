@@ -248,9 +248,11 @@ def test_warm_start_builds_no_session_from_scratch(tmp_path):
     assert any(f.endswith(".opt.onnx") for f in files) and any(
         f.endswith(".onnx") and not f.endswith(".opt.onnx") for f in files)
     ember.reset()
+    hits = B.counters["partition_cache_hits"]
     got2, want2, _ = _run(m, t)
     assert S.counters["built"] == before["built"] + 1
     assert S.counters["warm"] == before["warm"] + 1
+    assert B.counters["partition_cache_hits"] == hits + 1  # no node asked torch_lib again
     _close(got2, want2)
     # a corrupt entry is a miss, rebuilt
     for p in (tmp_path / "cache" / "onnxrt").iterdir():

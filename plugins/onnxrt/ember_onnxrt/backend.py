@@ -87,6 +87,8 @@ class Compiled:
 
     def __post_init__(self) -> None:
         self.restride: dict[int, Any] = {}
+        #: fx node name -> why it stayed ATen (stored for warm starts)
+        self.decisions: dict[str, str] = {}
 
     def __call__(self, *args: Any) -> Any:
         out = self.fn(*args)
@@ -144,13 +146,20 @@ def compile_onnxrt(gm: torch.fx.GraphModule, example_inputs: list[Any], *,
     frozen = _frozen_inputs(gm, example_inputs, context, options)
     total = len(_compute_nodes(gm))
     refused: dict[torch.fx.Node, str] = {}
+    pkey = _partition_key(gm, options)
+    decided = _load_decisions(gm, pkey) if options.get("cache", True) else None
+    if decided is not None:
+        counters["partition_cache_hits"] += 1
     for attempt in range(32):
         try:
             comp = _partition_and_build(gm, example_inputs, frozen, options, device, graph_id,
-                                        refused)
+                                        refused, decided)
+            if decided is None and options.get("cache", True):
+                _store_decisions(pkey, comp.decisions)
             break
         except _Refused as r:
             refused[r.node] = r.reason
+            decided = None
             log.info("onnxrt: %s: ORT refused %s (%s); it runs in ATen", graph_id,
                      r.node.format_node(), r.reason[:200])
     else:  # pragma: no cover - ORT keeps refusing: everything in ATen
@@ -200,12 +209,53 @@ class _Refused(Exception):
         self.node, self.reason = node, reason
 
 
-class _Support:
-    """torch.fx's OperatorSupport protocol over check_node (results memoized per node)."""
+def _partition_key(gm: torch.fx.GraphModule, options: dict[str, Any]) -> str:
+    h = hashlib.sha256(gm.code.encode())
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            v = n.meta.get("val")
+            h.update(repr((getattr(v, "shape", v), getattr(v, "dtype", None))).encode())
+    h.update(repr((options.get("ort_ops"), options.get("min_subgraph_ops"), T.TRANSLATOR_VERSION,
+                   T.onnxscript_version(), S.ort().__version__)).encode())
+    return h.hexdigest()
 
-    def __init__(self, refused: dict[torch.fx.Node, str], allowed: set[str] | None):
+
+def _load_decisions(gm: torch.fx.GraphModule, key: str) -> dict[torch.fx.Node, str] | None:
+    """Which nodes stayed ATen, and why, when this graph was compiled before (Ember's text
+    store): a warm start then asks no node whether it can be translated (which imports
+    torch_lib, seconds)."""
+    import json
+
+    from ember._store import get_text
+
+    text = get_text("onnxrt-partition", key)
+    if text is None:
+        return None
+    try:
+        by_name = json.loads(text)
+        nodes = {n.name: n for n in gm.graph.nodes}
+        return {nodes[k]: str(v) for k, v in by_name.items()}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _store_decisions(key: str, decisions: dict[str, str]) -> None:
+    import json
+
+    from ember._store import put_text
+
+    put_text("onnxrt-partition", key, json.dumps(decisions, sort_keys=True))
+
+
+class _Support:
+    """torch.fx's OperatorSupport protocol over check_node (results memoized per node), or over
+    the decisions of an earlier compile of the same graph (``decided``)."""
+
+    def __init__(self, refused: dict[torch.fx.Node, str], allowed: set[str] | None,
+                 decided: dict[torch.fx.Node, str] | None = None):
         self.refused = refused
         self.allowed = allowed
+        self.decided = decided
         self.why: dict[torch.fx.Node, str] = {}
 
     def is_node_supported(self, submodules: Any, node: torch.fx.Node) -> bool:
@@ -213,6 +263,11 @@ class _Support:
             return False
         if node in self.why:
             return False
+        if self.decided is not None:
+            if node in self.decided:
+                self.why[node] = self.decided[node]
+                return False
+            return True
         if node in self.refused:
             self.why[node] = self.refused[node]
             return False
@@ -236,11 +291,12 @@ def _op_name(n: torch.fx.Node) -> str:
 
 def _partition_and_build(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                          frozen: set[int], options: dict[str, Any], device: str,
-                         graph_id: str, refused: dict[torch.fx.Node, str]) -> Compiled | None:
+                         graph_id: str, refused: dict[torch.fx.Node, str],
+                         decided: dict[torch.fx.Node, str] | None = None) -> Compiled:
     from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 
     allowed = options.get("ort_ops")
-    support = _Support(refused, set(allowed) if allowed is not None else None)
+    support = _Support(refused, set(allowed) if allowed is not None else None, decided)
     min_ops = int(options.get("min_subgraph_ops", 3))
     partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True,
                                              non_compute_ops=["operator.getitem"])
@@ -261,7 +317,9 @@ def _partition_and_build(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]
     if not kept:
         log.info("onnxrt: %s: nothing for ONNX Runtime (%d ops), the graph runs as ATen: %s",
                  graph_id, total, _summary(aten_ops))
-        return Compiled(graph_id, gm.forward, 0, total, 0, aten_ops, gm)
+        comp = Compiled(graph_id, gm.forward, 0, total, 0, aten_ops, gm)
+        comp.decisions = {n.name: why for n, why in support.why.items()}
+        return comp
     if aten_ops:
         log.info("onnxrt: %s: ops kept in ATen: %s", graph_id, _summary(aten_ops))
     # copy: fusing rewrites the graph, and a refusal below must start again from the original
@@ -279,6 +337,7 @@ def _partition_and_build(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]
     ph_pos = {n: i for i, n in enumerate(placeholders)}
     calls = []
     ort_ops = 0
+    failed: dict[str, str] = {}
     for node in list(fused.graph.nodes):
         if node.op != "call_module":
             continue
@@ -305,13 +364,17 @@ def _partition_and_build(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]
             for n in sub_ops:
                 aten_ops.setdefault(_op_name(n), f"its subgraph failed to build: "
                                     f"{type(e).__name__}")
+                if n.name in name_map:
+                    failed[n.name] = f"its subgraph failed to build: {type(e).__name__}"
             continue
         calls.append(call)
         ort_ops += len(sub_ops)
         setattr(fused, node.target, _Module(call))
     fused.graph.lint()
     fused.recompile()
-    return Compiled(graph_id, fused.forward, ort_ops, total, len(calls), aten_ops, fused, calls)
+    comp = Compiled(graph_id, fused.forward, ort_ops, total, len(calls), aten_ops, fused, calls)
+    comp.decisions = {**{n.name: why for n, why in support.why.items()}, **failed}
+    return comp
 
 
 def _example(a: Any, example_inputs: Sequence[Any], ph_pos: dict[Any, int]) -> Any:

@@ -40,7 +40,14 @@ TRANSLATOR_VERSION = 2
 
 
 def onnxscript_version() -> str:
-    return _lib()[1].__version__
+    """onnxscript's version, read from its metadata (importing torch_lib takes seconds: a warm
+    start does not)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("onnxscript")
+    except metadata.PackageNotFoundError:  # pragma: no cover
+        return "?"
 
 aten = torch.ops.aten
 
