@@ -211,7 +211,6 @@ class OrtCall:
     def __init__(self, sess: Any, input_names: Sequence[str], input_index: Sequence[int],
                  output_names: Sequence[str], out_meta: Sequence[tuple[Any, torch.dtype]],
                  device: str, sym_dims: dict[str, tuple[int, int]] | None = None):
-        rt = ort()
         self.sess = sess
         self.input_names = list(input_names)
         self.input_index = list(input_index)
@@ -219,10 +218,11 @@ class OrtCall:
         self.out_meta = list(out_meta)
         self.sym_dims = dict(sym_dims or {})
         self.static = all(all(isinstance(d, int) for d in shape) for shape, _ in out_meta)
+        if self.static:
+            self.out_meta = [(tuple(shape), dtype) for shape, dtype in self.out_meta]
         self.device = torch.device(device)
         self.ort_device = "cuda" if self.device.type == "cuda" else "cpu"
         self.device_id = self.device.index or 0
-        self._run_options = rt.RunOptions()
         self.calls = 0
 
     def _shape(self, shape: Any, args: Sequence[Any]) -> tuple[int, ...] | None:
@@ -247,6 +247,7 @@ class OrtCall:
     def __call__(self, *args: Any) -> list[torch.Tensor]:
         self.calls += 1
         binding = self.sess.io_binding()
+        dev, dev_id = self.ort_device, self.device_id
         keep = []
         for name, i in zip(self.input_names, self.input_index):
             a = args[i]
@@ -255,21 +256,24 @@ class OrtCall:
             elif not a.is_contiguous():
                 a = a.contiguous()
             keep.append(a)
-            binding.bind_input(name, self.ort_device, self.device_id, _np_dtype(a.dtype),
-                               tuple(a.shape), a.data_ptr() if a.numel() else _EMPTY.data_ptr())
+            binding.bind_input(name, dev, dev_id, _np_dtype(a.dtype), a.shape,
+                               a.data_ptr() if a.numel() else _EMPTY.data_ptr())
         outs: list[Any] = []
+        missing = False
+        static = self.static
         for name, (shape, dtype) in zip(self.output_names, self.out_meta):
-            s = self._shape(shape, args)
+            s = shape if static else self._shape(shape, args)
             if s is None:
-                binding.bind_output(name, self.ort_device, self.device_id)
+                binding.bind_output(name, dev, dev_id)
                 outs.append(None)
+                missing = True
                 continue
             t = torch.empty(s, dtype=dtype, device=self.device)
-            binding.bind_output(name, self.ort_device, self.device_id, _np_dtype(dtype), s,
+            binding.bind_output(name, dev, dev_id, _np_dtype(dtype), s,
                                 t.data_ptr() if t.numel() else _EMPTY.data_ptr())
             outs.append(t)
-        self.sess.run_with_iobinding(binding, self._run_options)
-        if any(o is None for o in outs):
+        self.sess.run_with_iobinding(binding)
+        if missing:
             ort_outs = binding.get_outputs()
             for k, o in enumerate(outs):
                 if o is None:
