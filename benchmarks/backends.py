@@ -23,8 +23,10 @@ __all__ = ["BACKEND_NAMES", "availability", "make_compiled", "CompileStats", "re
 
 #: Also the order of rows within a model when reports are merged: each Ember backend sits
 #: right before the torch.compile backend it re-creates is compared with, inductor last.
+#: ``ember-onnxrt`` (inference only, ONNX Runtime) has no torch.compile peer (torch removed its
+#: ``onnxrt`` backend): run it with ``--mode infer``.
 BACKEND_NAMES = ("eager", "ember-eager", "ember-aot-eager", "torch-eager", "torch-aot-eager",
-                 "ember-inductor", "torch-inductor")
+                 "ember-onnxrt", "ember-inductor", "torch-inductor")
 
 
 def _family(name: str) -> tuple[str, str]:

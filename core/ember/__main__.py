@@ -59,6 +59,9 @@ def _cmd_backends(args: argparse.Namespace) -> int:
               "tree) or another ember plugin package")
         return 1
     print(format_table(rows, describe=args.describe))
+    for r in rows:  # backends on an external runtime: which one, and what it offers
+        if r.get("runtime"):
+            print(f"runtime of {r['name']}: {r['runtime']}")
     if args.options:
         print(format_options(rows))
     failed = [r for r in rows if r["status"] != "ok"]

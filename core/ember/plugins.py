@@ -97,6 +97,10 @@ class Backend:
     #: keyword parameters of ``compile`` are the options, or anything goes if it takes
     #: ``**options`` (backends written before this field existed keep working).
     options: Mapping[str, str] | None = dataclasses.field(default=None, compare=False)
+    #: Backends on an external runtime: a zero-argument callable returning one line about it
+    #: (``"onnxruntime 1.32.0, providers: CPUExecutionProvider"``), called only when backends
+    #: are listed (``python -m ember backends``), so it may import the runtime.
+    runtime: Callable[[], str] | None = dataclasses.field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -467,11 +471,21 @@ def list_backends(exclude_tags: Iterable[str] | None = ("debug", "experimental")
     return _registry.names(exclude_tags or ())
 
 
+def _runtime_line(b: Backend) -> str:
+    if b.runtime is None:
+        return ""
+    try:
+        return str(b.runtime())
+    except Exception as e:  # a listing never fails because of one backend
+        return f"runtime unknown ({type(e).__name__}: {e})"
+
+
 def backend_table() -> list[dict[str, Any]]:
     """One row per backend, and one per plugin that failed to load, sorted by name.
 
     Keys: name, plugin, distribution, version, level, training ("yes"/"inference-only"),
-    devices, tags, description, status ("ok", "FAILED: <error>" or "CONFLICT: ...").
+    devices, tags, description, status ("ok", "FAILED: <error>" or "CONFLICT: ..."), runtime
+    (``Backend.runtime()``'s line, "" when it has none).
     """
     _registry.load_all()
     _, conflicts = _registry.index()
@@ -485,7 +499,7 @@ def backend_table() -> list[dict[str, Any]]:
         return dict(name=b.name, plugin=b.plugin, distribution=b.distribution, version=b.version,
                     level=b.level, training="yes" if b.training else "inference-only",
                     devices=",".join(b.devices), tags=",".join(b.tags),
-                    description=b.description, status=status)
+                    description=b.description, status=status, runtime=_runtime_line(b))
 
     for rec in _registry.discover():
         if rec.error is not None:
