@@ -13,6 +13,7 @@ __all__ = [
     "NotImplementedYet",
     "InferenceOnlyBackend",
     "UnknownOption",
+    "DeviceUnavailable",
 ]
 
 
@@ -38,6 +39,11 @@ class BackendCompilerFailed(EmberError):
 
 class InferenceOnlyBackend(EmberError):
     """An inference-only backend was given a graph that needs gradients."""
+
+
+class DeviceUnavailable(EmberError):
+    """A backend needs a device this machine does not have (``backend="cudagraphs"`` without
+    CUDA)."""
 
 
 class UnknownOption(EmberError, ValueError):

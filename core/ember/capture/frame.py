@@ -509,8 +509,9 @@ def _module_call_fn(cls: type) -> types.FunctionType:
 
 
 def _is_user_error(e: BaseException) -> bool:
-    from ..exc import BackendLoadError, BackendNotFound, InferenceOnlyBackend, NotImplementedYet
+    from ..exc import (BackendLoadError, BackendNotFound, DeviceUnavailable,
+                       InferenceOnlyBackend, NotImplementedYet)
     from .symbolic import DynamicShapeError
 
     return isinstance(e, (BackendNotFound, BackendLoadError, NotImplementedYet,
-                          InferenceOnlyBackend, DynamicShapeError))
+                          InferenceOnlyBackend, DynamicShapeError, DeviceUnavailable))
