@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from ember_cudagraphs.runtime import CudaOps
+
 
 class FakeGraph:
     def __init__(self, fn: Any, args: list[Any], outs: Any):
@@ -30,8 +32,11 @@ class FakeGraph:
                     s.copy_(n)
 
 
-class FakeOps:
+class FakeOps(CudaOps):
+    """CudaOps with the CUDA calls replaced (``tensor`` is inherited: its CPU path)."""
+
     def __init__(self) -> None:
+        super().__init__()
         self.killed: set[int] = set()
         self.graphs: list[FakeGraph] = []
         self.capturing = False

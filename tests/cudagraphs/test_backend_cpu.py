@@ -16,7 +16,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import ember
 from ember_cudagraphs import runtime
-from ember_cudagraphs.runtime import CUDAGraphed, pool_for
+from ember_cudagraphs.runtime import CUDAGraphed, for_graph
 from ember_cudagraphs.safety import refusal_reason
 
 from cudagraph_fakes import FakeOps
@@ -82,6 +82,7 @@ def test_safety_accepts_device_only_graphs_and_dropout():
 @pytest.mark.parametrize("case, fragment", [
     ("cpu_input", "input 0 is a cpu tensor"),
     ("to_cpu", "makes a CPU tensor from the inputs"),
+    ("from_cpu", "reads a CPU tensor into a CUDA one"),
     ("devices", "several devices"),
     ("item", "synchronizes with the host: _local_scalar_dense"),
     ("nonzero", "synchronizes with the host: nonzero"),
@@ -106,6 +107,11 @@ def test_safety_refuses_with_the_reason(case, fragment):
     if case == "to_cpu":
         n = g.call_function(torch.ops.aten._to_copy.default, (p,), {"device": torch.device("cpu")})
         n.meta["val"] = torch.empty(4)
+    elif case == "from_cpu":
+        c = g.get_attr("const")
+        c.meta["val"] = torch.ones(4)
+        n = g.call_function(torch.ops.aten._to_copy.default, (c,), {"device": x.device})
+        n.meta["val"] = x
     elif case == "item":
         n = g.call_function(torch.ops.aten._local_scalar_dense.default, (p,))
         n.meta["val"] = 1.0
@@ -137,10 +143,8 @@ def fake_backend():
     made: list[CUDAGraphed] = []
 
     def compile_fake(gm, example_inputs, *, context=None, **options):
-        static = [i for i, inf in enumerate(context.inputs) if inf.stable_address]
-        base = context.graph_id.rsplit(".", 1)[0]
-        g = CUDAGraphed(gm.forward, name=context.graph_id, kind=context.kind,
-                        pool=pool_for(base, torch.device("cpu")), static_inputs=static)
+        g = for_graph(gm.forward, name=context.graph_id, kind=context.kind,
+                      device=torch.device("cpu"), inputs=context.inputs)
         made.append(g)
         return g
 
@@ -215,3 +219,28 @@ def test_inference_output_kept_across_calls_is_invalidated_not_changed(fake_back
     from cudagraph_fakes import was_killed
     assert was_killed(ops, kept)  # on a GPU, reading it raises the clone/mark-step message
     torch.testing.assert_close(expected, net(x1).detach())
+
+
+def test_forward_twice_before_backward_gives_eager_gradients(fake_backend):
+    """Two forwards, then one backward (gradient accumulation): the second forward must not
+    replay over the first one's saved activations; every gradient equals eager's."""
+    be, made, ops = fake_backend
+    torch.manual_seed(0)
+    ref = _Net()
+    net = _Net()
+    net.load_state_dict(ref.state_dict())
+    fast = ember.compile(net, backend=be)
+    for _ in range(5):
+        x1, x2 = torch.randn(3, 8), torch.randn(3, 8)
+        for m, f in ((ref, ref), (net, fast)):
+            for p in m.parameters():
+                p.grad = None
+            (f(x1).sum() + f(x2).square().sum()).backward()
+        for p, q in zip(ref.parameters(), net.parameters()):
+            torch.testing.assert_close(q.grad, p.grad)
+    fw = next(g for g in made if g.kind == "forward")
+    bw = next(g for g in made if g.kind == "backward")
+    assert fw.pool is bw.pool and fw.saved_tail > 0
+    assert fw.stats["replay"] >= 3 and bw.stats["replay"] >= 3  # the first forward's pair
+    assert fw.stats["eager"] >= 3  # the second forward: the first one's backward is pending
+    assert not ops.killed  # nothing a backward still needs was invalidated

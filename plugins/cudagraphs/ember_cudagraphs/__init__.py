@@ -84,16 +84,14 @@ def wrap(fn: Callable[..., Any], gm: Any, example_inputs: Sequence[Any], *, cont
     parameters, the graph id naming its memory pool)."""
     import torch
 
-    from .runtime import CUDAGraphed, pool_for
+    from .runtime import for_graph
     from .safety import generators, refusal_reason
 
     options = dict(options or {})
     limit = _max_recordings(options)
     gid = getattr(context, "graph_id", None) or "graph"
     kind = getattr(context, "kind", None) or "inference"
-    base = gid.rsplit(".", 1)[0] if "." in gid else gid
     infos = list(getattr(context, "inputs", ()) or ())
-    static = [i for i, inf in enumerate(infos) if inf.stable_address]
     user = [not (i < len(infos) and infos[i].stable_address)
             for i in range(len(example_inputs))]
     reason = None
@@ -115,9 +113,8 @@ def wrap(fn: Callable[..., Any], gm: Any, example_inputs: Sequence[Any], *, cont
     if reason is None:
         from .runtime import ops
         reason = ops().available()
-    return CUDAGraphed(fn, name=gid, kind=kind, pool=pool_for(base, device),
-                       static_inputs=static, max_recordings=limit, refused=reason,
-                       generators=gens, constants=constants)
+    return for_graph(fn, name=gid, kind=kind, device=device, inputs=infos,
+                     max_recordings=limit, refused=reason, generators=gens, constants=constants)
 
 
 @ember.hookimpl

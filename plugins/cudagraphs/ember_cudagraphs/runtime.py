@@ -52,7 +52,7 @@ import torch
 
 log = logging.getLogger("ember.cudagraphs")
 
-__all__ = ["CUDAGraphed", "Pool", "CudaOps", "pool_for", "DEFAULT_MAX_RECORDINGS",
+__all__ = ["CUDAGraphed", "Pool", "CudaOps", "for_graph", "DEFAULT_MAX_RECORDINGS",
            "OVERWRITTEN_MESSAGE"]
 
 DEFAULT_MAX_RECORDINGS = 16
@@ -60,8 +60,9 @@ DEFAULT_MAX_RECORDINGS = 16
 OVERWRITTEN_MESSAGE = (
     "ember cudagraphs: this tensor is an output of a CUDA graph replay of {graph} and its memory "
     "has since been overwritten by a later replay ({why}). Clone an output you keep across "
-    "steps (out.clone()), or, if the program uses it within one step that Ember could not see, "
-    "call ember.cudagraph_mark_step_begin() only where a step really begins.")
+    "steps (out.clone()); call ember.cudagraph_mark_step_begin() only where a step really "
+    "begins. A parameter's .grad kept from an earlier step: use "
+    "optimizer.zero_grad(set_to_none=True) before each backward.")
 
 
 def _global_step() -> int:
@@ -120,6 +121,14 @@ class CudaOps:
 
     def is_capturing(self) -> bool:
         return torch.cuda.is_current_stream_capturing()
+
+    def tensor(self, storage: Any, meta: dict[str, Any]) -> torch.Tensor:
+        """A tensor over ``storage`` with the geometry in ``meta``."""
+        make = getattr(torch._C, "_construct_CUDA_Tensor_From_Storage_And_Metadata", None)
+        if make is not None and meta["device"].type == "cuda":
+            return make(meta, storage)
+        t = torch.empty(0, dtype=meta["dtype"], device=meta["device"])
+        return t.set_(storage, meta["storage_offset"], meta["size"], meta["stride"])
 
     def alias_storage(self, static: torch.UntypedStorage, device: torch.device) -> Any:
         """A storage over ``static``'s memory that does not own it."""
@@ -224,19 +233,47 @@ class Pool:
         return e.gen == self.gen and e.step == self.step
 
 
-_POOLS: "weakref.WeakValueDictionary[tuple[str, str], Pool]" = weakref.WeakValueDictionary()
-_POOLS_LOCK = threading.Lock()
+#: every live CUDAGraphed (tests, debugging: their ``stats`` say how each call ran)
+ALL: "weakref.WeakSet[CUDAGraphed]" = weakref.WeakSet()
+
+#: (forward graph id, device) -> weakref to its CUDAGraphed: the backward compiled right after
+#: it (AOT autograd compiles a training variant's two graphs together) shares its pool
+_FORWARDS: dict[tuple[str, str], Any] = {}
+_FORWARDS_LOCK = threading.Lock()
 
 
-def pool_for(name: str, device: torch.device) -> Pool:
-    """The pool of the compiled function whose graphs are named ``name``.* on ``device``."""
-    key = (name, str(device))
-    with _POOLS_LOCK:
-        p = _POOLS.get(key)
-        if p is None:
-            p = Pool(name, device)
-            _POOLS[key] = p
-        return p
+def _forward_id(backward_id: str) -> str | None:
+    head, _, last = backward_id.rpartition(".")
+    if not head or not last.startswith("backward"):
+        return None
+    return f"{head}.forward{last[len('backward'):]}"
+
+
+def for_graph(fn: Callable[..., Any], *, name: str, kind: str, device: torch.device,
+              inputs: Sequence[Any] = (), **kw: Any) -> "CUDAGraphed":
+    """A :class:`CUDAGraphed` for one ATen graph named ``name`` (its CompileContext graph id) of
+    ``kind`` "inference", "forward" or "backward", whose placeholders are described by
+    ``inputs`` (InputInfos). A backward shares the pool of its forward (compiled just before
+    it) and tells it which of its outputs are saved activations (the last ones); every other
+    graph gets a pool of its own."""
+    sibling = None
+    if kind == "backward":
+        fid = _forward_id(name)
+        ref = _FORWARDS.get((fid, str(device))) if fid else None
+        sibling = ref() if ref is not None else None
+    pool = sibling.pool if sibling is not None else Pool(name.rpartition(".")[0] or name, device)
+    static = [i for i, inf in enumerate(inputs) if getattr(inf, "stable_address", False)]
+    g = CUDAGraphed(fn, name=name, kind=kind, pool=pool, static_inputs=static, **kw)
+    if kind == "forward":
+        with _FORWARDS_LOCK:
+            for k in [k for k, r in _FORWARDS.items() if r() is None]:
+                del _FORWARDS[k]
+            _FORWARDS[(name, str(device))] = weakref.ref(g)
+    if sibling is not None and inputs:
+        sibling.saved_tail = sum(1 for inf in inputs if inf.kind != "tangent")
+        g.sibling = weakref.ref(sibling)
+        g.activation_inputs = [i for i, inf in enumerate(inputs) if inf.kind == "activation"]
+    return g
 
 
 #: static output storage data_ptr -> (weakref to its Recording, group): lets a graph whose
@@ -275,7 +312,7 @@ class Recording:
         self.copied: list[tuple[int, torch.Tensor]] = []
         self.static_outs: list[Any] = []
         # per output: ("const", v) | ("arg", j) | ("argview", j, size, stride, delta, astride)
-        #             | ("pool", group, size, stride, offset, dtype)
+        #             | ("pool", group, {size, stride, storage_offset, dtype, device, ...})
         self.plan: list[tuple[Any, ...]] = []
         self.groups: list[torch.UntypedStorage] = []  # static storages (owning), by group
         self.saved_groups: set[int] = set()  # groups a recorded backward reads in place
@@ -330,6 +367,11 @@ class CUDAGraphed:
         self.constant_ptrs = {c.untyped_storage().data_ptr() for c in constants
                               if isinstance(c, torch.Tensor)}
         self.recordings: dict[Any, Recording] = {}
+        #: forward: how many trailing outputs are saved for the backward (set by the backward)
+        self.saved_tail = 0
+        #: backward: its forward (weakref) and which inputs are saved activations
+        self.sibling: Any = None
+        self.activation_inputs: list[int] = []
         self.warmed: set[Any] = set()
         self.failed: dict[Any, str] = {}  # key -> why it runs without graphs
         self.n_recorded = 0
@@ -338,6 +380,7 @@ class CUDAGraphed:
         self.stats = {"warmup": 0, "record": 0, "replay": 0, "eager": 0, "killed": 0}
         if refused:
             log.info("ember cudagraphs: %s runs without CUDA graphs: %s", name, refused)
+        ALL.add(self)
 
     # -- helpers --------------------------------------------------------------------------
     def _once(self, tag: str, level: int, msg: str, *args: Any) -> None:
@@ -417,6 +460,10 @@ class CUDAGraphed:
     def _record_or_eager(self, key: Any, args: Sequence[Any]) -> Any:
         if self.n_recorded >= self.max_recordings:
             return self._over_limit(key, args)
+        if self._activations_elsewhere(args):
+            # its forward is recorded but ran without graphs this time: record when the saved
+            # activations are the forward's outputs (read in place, not copied every call)
+            return self._eager(args)
         try:
             rec = self._record(key, args)
         except Exception as e:  # capture failed: this signature runs as it is from now on
@@ -425,6 +472,13 @@ class CUDAGraphed:
                         "these input shapes: %s: %s", self.name, type(e).__name__, e)
             return self._eager(args)
         return self._replay(rec, args, first=True)
+
+    def _activations_elsewhere(self, args: Sequence[Any]) -> bool:
+        fw = self.sibling() if self.sibling is not None else None
+        if fw is None or not fw.recordings or fw.refused is not None:
+            return False
+        return any(isinstance(args[i], torch.Tensor) and _static_owner(args[i]) is None
+                   for i in self.activation_inputs if i < len(args))
 
     def _record(self, key: Any, args: Sequence[Any]) -> Recording:
         o = ops()
@@ -474,7 +528,8 @@ class CUDAGraphed:
             if isinstance(a, torch.Tensor):
                 arg_storage.setdefault(a.untyped_storage().data_ptr(), j)
         group_of: dict[int, int] = {}
-        for o in outs:
+        saved_from = len(outs) - self.saved_tail if self.saved_tail else len(outs)
+        for k, o in enumerate(outs):
             if not isinstance(o, torch.Tensor):
                 rec.plan.append(("const", o))
                 continue
@@ -496,8 +551,13 @@ class CUDAGraphed:
             if g is None:
                 g = group_of[sptr] = len(rec.groups)
                 rec.groups.append(o.untyped_storage())
-            rec.plan.append(("pool", g, tuple(o.shape), tuple(o.stride()), o.storage_offset(),
-                             o.dtype))
+            if k >= saved_from:
+                rec.saved_groups.add(g)
+            st = o.untyped_storage()
+            rec.plan.append(("pool", g, {
+                "nbytes": st.nbytes(), "data_ptr": st.data_ptr(), "size": o.shape,
+                "stride": o.stride(), "dtype": o.dtype, "device": o.device,
+                "storage_offset": o.storage_offset()}))
         rec.static_outs = [o for o in outs if isinstance(o, torch.Tensor)]
         for g, st in enumerate(rec.groups):
             if st.nbytes():  # (empty storages all sit at address 0)
@@ -555,10 +615,7 @@ class CUDAGraphed:
         for p in rec.plan:
             tag = p[0]
             if tag == "pool":
-                _, g, size, stride, offset, dtype = p
-                t = torch.empty(0, dtype=dtype, device=dev)
-                t.set_(aliases[g], offset, size, stride)
-                out.append(t)
+                out.append(o.tensor(aliases[p[1]], p[2]))
             elif tag == "arg":
                 out.append(args[p[1]])
             elif tag == "argview":

@@ -41,6 +41,20 @@ _RNG_STATE_OPS = {"get_rng_state", "set_rng_state", "seed", "manual_seed", "init
                   "run_and_save_rng_state", "run_with_rng_state"}
 
 
+#: Ops that copy between devices: from host memory they cannot be captured (pageable copies),
+#: and a host value would be read once, at recording.
+_COPY_OPS = {"_to_copy", "copy", "copy_", "to", "_copy_from", "_copy_from_and_resize",
+             "lift_fresh_copy"}
+
+
+def _cpu_arg(n: torch.fx.Node, scalars_ok: bool) -> bool:
+    for a in n.all_input_nodes:
+        for t in _tensors(a.meta.get("val")):
+            if t.device.type == "cpu" and not (scalars_ok and t.dim() == 0):
+                return True
+    return False
+
+
 def _op_name(target: Any) -> str:
     name = getattr(target, "__name__", None) or str(target)
     # OpOverload: "add.Tensor" / packet: "add"
@@ -126,6 +140,10 @@ def refusal_reason(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                 return (f"{name}{_where(n)} draws from a {a.device.type} generator, which a "
                         "CUDA graph replay cannot advance")
         val = n.meta.get("val")
+        if any(t.device.type == "cuda" for t in _tensors(val)) and _cpu_arg(
+                n, scalars_ok=name not in _COPY_OPS):
+            return (f"{name}{_where(n)} reads a CPU tensor into a CUDA one (host memory is not "
+                    "read again when a CUDA graph replays)")
         if _unbacked(val):
             return f"{name}{_where(n)} has a data-dependent size"
         for t in _tensors(val):
