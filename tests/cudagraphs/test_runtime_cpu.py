@@ -81,7 +81,7 @@ def test_user_inputs_are_copied_and_parameters_read_in_place(fake):
     x = torch.randn(2, 3)
     g(x, w), g(x, w)
     rec = next(iter(g.recordings.values()))
-    assert [i for i, *_ in rec.in_place] == [1] and [i for i, _ in rec.copied] == [0]
+    assert [r[0] for r in rec.in_place] == [1] and [i for i, _ in rec.copied] == [0]
     x2 = torch.randn(2, 3)
     torch.testing.assert_close(g(x2, w)[0], x2 * w + 1)  # the new value reached the buffer
     with torch.no_grad():
@@ -128,7 +128,7 @@ def test_forward_called_twice_before_backward_runs_the_second_without_graphs(fak
     rec_fw = next(iter(fw.recordings.values()))
     rec_bw = next(iter(bw.recordings.values()))
     assert rec_fw.saved_groups == {1}  # the backward reads the saved sine in place
-    assert [k for _, _, _, k in rec_bw.in_place] == ["pool"]
+    assert [r[3] for r in rec_bw.in_place] == ["pool"]
     del out, saved
     out1, saved1 = fw(x)  # replay, new step
     out2, saved2 = fw(x + 1)  # saved1 pending: no replay over it

@@ -272,7 +272,6 @@ def for_graph(fn: Callable[..., Any], *, name: str, kind: str, device: torch.dev
     if sibling is not None and inputs:
         sibling.saved_tail = sum(1 for inf in inputs if inf.kind != "tangent")
         g.sibling = weakref.ref(sibling)
-        g.activation_inputs = [i for i, inf in enumerate(inputs) if inf.kind == "activation"]
     return g
 
 
@@ -306,8 +305,8 @@ class Recording:
         self.order = order
         self.graph: Any = None
         self.retired = False
-        # (input index, data_ptr, stride, kind) for inputs read in place; kind: "param"/"pool"
-        self.in_place: list[tuple[int, int, tuple[int, ...], str]] = []
+        # (input index, data_ptr, stride, kind, shape) for inputs read in place ("param"/"pool")
+        self.in_place: list[tuple[int, int, tuple[int, ...], str, Any]] = []
         # (input index, static buffer) for inputs copied before each replay
         self.copied: list[tuple[int, torch.Tensor]] = []
         self.static_outs: list[Any] = []
@@ -316,6 +315,8 @@ class Recording:
         self.plan: list[tuple[Any, ...]] = []
         self.groups: list[torch.UntypedStorage] = []  # static storages (owning), by group
         self.saved_groups: set[int] = set()  # groups a recorded backward reads in place
+        self.saved_kinds: list[str] = []  # plan tags of the outputs saved for the backward
+        self.argview_checks: list[tuple[int, tuple[int, ...]]] = []
 
     def retire(self) -> None:
         self.retired = True
@@ -335,9 +336,14 @@ def _dense(t: torch.Tensor) -> bool:
         return t.is_contiguous()
 
 
-def _key(args: Sequence[Any]) -> Any:
+def _key(args: Sequence[Any], skip: frozenset[int] = frozenset()) -> Any:
+    """What selects a recording: shapes, dtypes, devices of the inputs and values of the
+    scalars; inputs in ``skip`` (parameters, buffers: guarded by Ember, and their address,
+    shape and strides checked against the recording) are left out."""
     k: list[Any] = []
-    for a in args:
+    for i, a in enumerate(args):
+        if i in skip:
+            continue
         if isinstance(a, torch.Tensor):
             k.append((tuple(a.shape), a.dtype, a.device))
         elif isinstance(a, (int, float, bool, str)) or a is None:
@@ -369,9 +375,8 @@ class CUDAGraphed:
         self.recordings: dict[Any, Recording] = {}
         #: forward: how many trailing outputs are saved for the backward (set by the backward)
         self.saved_tail = 0
-        #: backward: its forward (weakref) and which inputs are saved activations
+        #: backward: its forward (weakref); its first inputs are that forward's saved outputs
         self.sibling: Any = None
-        self.activation_inputs: list[int] = []
         self.warmed: set[Any] = set()
         self.failed: dict[Any, str] = {}  # key -> why it runs without graphs
         self.n_recorded = 0
@@ -399,7 +404,7 @@ class CUDAGraphed:
         o = ops()
         if o.is_capturing():  # inside the user's own capture: be captured as ordinary work
             return self.fn(*args)
-        key = _key(args)
+        key = _key(args, self.static_inputs)
         rec = self.recordings.get(key)
         if rec is not None:
             status = self._check_inputs(rec, args)
@@ -445,9 +450,9 @@ class CUDAGraphed:
         self.recordings.pop(rec.key, None)
 
     def _check_inputs(self, rec: Recording, args: Sequence[Any]) -> str:
-        for i, ptr, stride, kind in rec.in_place:
+        for i, ptr, stride, kind, shape in rec.in_place:
             a = args[i]
-            if a.data_ptr() != ptr or a.stride() != stride or (
+            if a.data_ptr() != ptr or a.stride() != stride or a.shape != shape or (
                     kind == "pool" and _static_owner(a) is None):
                 if kind == "pool":
                     return "pool"
@@ -474,11 +479,14 @@ class CUDAGraphed:
         return self._replay(rec, args, first=True)
 
     def _activations_elsewhere(self, args: Sequence[Any]) -> bool:
+        """Backward: are saved activations that the recorded forward keeps in its pool
+        somewhere else this time (that forward ran without graphs)?"""
         fw = self.sibling() if self.sibling is not None else None
         if fw is None or not fw.recordings or fw.refused is not None:
             return False
-        return any(isinstance(args[i], torch.Tensor) and _static_owner(args[i]) is None
-                   for i in self.activation_inputs if i < len(args))
+        kinds = next(iter(fw.recordings.values())).saved_kinds
+        return any(kind == "pool" and i < len(args) and isinstance(args[i], torch.Tensor)
+                   and _static_owner(args[i]) is None for i, kind in enumerate(kinds))
 
     def _record(self, key: Any, args: Sequence[Any]) -> Recording:
         o = ops()
@@ -494,7 +502,7 @@ class CUDAGraphed:
             owner = _static_owner(a)
             if i in self.static_inputs or owner is not None:
                 kind = "param" if owner is None else "pool"
-                rec.in_place.append((i, a.data_ptr(), tuple(a.stride()), kind))
+                rec.in_place.append((i, a.data_ptr(), a.stride(), kind, a.shape))
                 if owner is not None and self.kind == "backward":
                     owner[0].saved_groups.add(owner[1])
                 static_args.append(a)
@@ -559,6 +567,8 @@ class CUDAGraphed:
                 "stride": o.stride(), "dtype": o.dtype, "device": o.device,
                 "storage_offset": o.storage_offset()}))
         rec.static_outs = [o for o in outs if isinstance(o, torch.Tensor)]
+        rec.saved_kinds = [p[0] for p in rec.plan[saved_from:]]
+        rec.argview_checks = [(p[1], p[5]) for p in rec.plan if p[0] == "argview"]
         for g, st in enumerate(rec.groups):
             if st.nbytes():  # (empty storages all sit at address 0)
                 _STATIC[st.data_ptr()] = (weakref.ref(rec), g)
@@ -580,8 +590,8 @@ class CUDAGraphed:
                        "are no longer needed.", self.name)
             return self._eager(args)
         # argview outputs of copied inputs need the caller's tensor laid out as the buffer
-        for p in rec.plan:
-            if p[0] == "argview" and tuple(args[p[1]].stride()) != p[5]:
+        for j, astride in rec.argview_checks:
+            if args[j].stride() != astride:
                 self._once("argview", logging.DEBUG, "ember cudagraphs: %s: an output views an "
                            "input whose strides differ from the recording's; running without "
                            "CUDA graphs for this call", self.name)
@@ -626,7 +636,12 @@ class CUDAGraphed:
         return rec.out_type(out) if rec.out_type is not list else out  # type: ignore[attr-defined]
 
 
-def _weak(storage: Any) -> Any:
-    from torch.multiprocessing.reductions import StorageWeakRef
+_StorageWeakRef: Any = None
 
-    return StorageWeakRef(storage)
+
+def _weak(storage: Any) -> Any:
+    global _StorageWeakRef
+    if _StorageWeakRef is None:
+        from torch.multiprocessing.reductions import StorageWeakRef
+        _StorageWeakRef = StorageWeakRef
+    return _StorageWeakRef(storage)
