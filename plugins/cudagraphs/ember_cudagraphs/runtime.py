@@ -119,6 +119,13 @@ class CudaOps:
     def replay(self, graph: Any) -> None:
         graph.replay()
 
+    def ptrs_equal(self, args: Sequence[Any], ptrs: list[int], idx: list[int]) -> bool:
+        """``args[i].data_ptr() == ptrs[i]`` for every i in idx (in C++ where torch has it)."""
+        same = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
+        if same is not None:
+            return same(list(args), ptrs, idx)
+        return all(args[i].data_ptr() == ptrs[i] for i in idx)
+
     def is_capturing(self) -> bool:
         return torch.cuda.is_current_stream_capturing()
 
@@ -307,6 +314,10 @@ class Recording:
         self.retired = False
         # (input index, data_ptr, stride, kind, shape) for inputs read in place ("param"/"pool")
         self.in_place: list[tuple[int, int, tuple[int, ...], str, Any]] = []
+        # the same for the parameters, as checked per call: positions, and data_ptr by position
+        self.param_idx: list[int] = []
+        self.param_ptrs: list[int] = []
+        self.pool_in_place: list[tuple[int, int, tuple[int, ...], str, Any]] = []
         # (input index, static buffer) for inputs copied before each replay
         self.copied: list[tuple[int, torch.Tensor]] = []
         self.static_outs: list[Any] = []
@@ -336,14 +347,13 @@ def _dense(t: torch.Tensor) -> bool:
         return t.is_contiguous()
 
 
-def _key(args: Sequence[Any], skip: frozenset[int] = frozenset()) -> Any:
-    """What selects a recording: shapes, dtypes, devices of the inputs and values of the
-    scalars; inputs in ``skip`` (parameters, buffers: guarded by Ember, and their address,
-    shape and strides checked against the recording) are left out."""
+def _key(args: Sequence[Any], idx: Sequence[int] | None = None) -> Any:
+    """What selects a recording: shapes, dtypes, devices of the inputs at ``idx`` (default
+    all) and values of the scalars. Parameters and buffers are left out: Ember's guards check
+    them, and the recording checks their addresses."""
     k: list[Any] = []
-    for i, a in enumerate(args):
-        if i in skip:
-            continue
+    for i in (range(len(args)) if idx is None else idx):
+        a = args[i]
         if isinstance(a, torch.Tensor):
             k.append((tuple(a.shape), a.dtype, a.device))
         elif isinstance(a, (int, float, bool, str)) or a is None:
@@ -373,6 +383,7 @@ class CUDAGraphed:
         self.constant_ptrs = {c.untyped_storage().data_ptr() for c in constants
                               if isinstance(c, torch.Tensor)}
         self.recordings: dict[Any, Recording] = {}
+        self._key_idx: Any = None  # (a list as long as the inputs, positions in the key)
         #: forward: how many trailing outputs are saved for the backward (set by the backward)
         self.saved_tail = 0
         #: backward: its forward (weakref); its first inputs are that forward's saved outputs
@@ -404,7 +415,10 @@ class CUDAGraphed:
         o = ops()
         if o.is_capturing():  # inside the user's own capture: be captured as ordinary work
             return self.fn(*args)
-        key = _key(args, self.static_inputs)
+        if self._key_idx is None or len(self._key_idx[0]) != len(args):
+            self._key_idx = ([None] * len(args),
+                             [i for i in range(len(args)) if i not in self.static_inputs])
+        key = _key(args, self._key_idx[1])
         rec = self.recordings.get(key)
         if rec is not None:
             status = self._check_inputs(rec, args)
@@ -450,15 +464,18 @@ class CUDAGraphed:
         self.recordings.pop(rec.key, None)
 
     def _check_inputs(self, rec: Recording, args: Sequence[Any]) -> str:
-        for i, ptr, stride, kind, shape in rec.in_place:
+        """Parameters and buffers: their addresses (their shapes are Ember's guards'); other
+        recordings' outputs read in place: address, geometry, and that they are still ours."""
+        if rec.param_idx and not ops().ptrs_equal(args, rec.param_ptrs, rec.param_idx):
+            moved = [i for i in rec.param_idx if args[i].data_ptr() != rec.param_ptrs[i]]
+            return (f"input {moved[0] if moved else '?'} (a parameter or buffer) moved since "
+                    "the recording (replaced, .to(), load_state_dict(assign=True), or an "
+                    "optimizer that swaps tensors)")
+        for i, ptr, stride, kind, shape in rec.pool_in_place:
             a = args[i]
-            if a.data_ptr() != ptr or a.stride() != stride or a.shape != shape or (
-                    kind == "pool" and _static_owner(a) is None):
-                if kind == "pool":
-                    return "pool"
-                return (f"input {i} (a parameter or buffer) moved since the recording "
-                        "(replaced, .to(), load_state_dict(assign=True), or an optimizer that "
-                        "swaps tensors)")
+            if a.data_ptr() != ptr or a.stride() != stride or a.shape != shape or \
+                    _static_owner(a) is None:
+                return "pool"
         return "ok"
 
     # -- recording ------------------------------------------------------------------------
@@ -514,6 +531,12 @@ class CUDAGraphed:
                     buf.copy_(a)
                 rec.copied.append((i, buf))
                 static_args.append(buf)
+        rec.param_idx = [r[0] for r in rec.in_place if r[3] == "param"]
+        rec.param_ptrs = [0] * len(args)
+        for r in rec.in_place:
+            if r[3] == "param":
+                rec.param_ptrs[r[0]] = r[1]
+        rec.pool_in_place = [r for r in rec.in_place if r[3] == "pool"]
         graph, outs = o.record(self.fn, static_args, self.pool.get_handle(), dev, self.generators)
         rec.graph = graph
         rec.order = next(self.pool.order)
