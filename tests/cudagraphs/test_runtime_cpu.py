@@ -221,3 +221,27 @@ def test_inside_a_user_capture_the_callable_runs_as_is(fake):
     fake.capturing = True
     g(torch.randn(2)), g(torch.randn(2))
     assert not fake.graphs and g.stats["warmup"] == 0
+
+
+def test_an_internal_failure_while_replaying_runs_as_is_from_then_on(fake, caplog, monkeypatch):
+    g = _graphed(lambda x: (x + 1,))
+    x = torch.randn(3)
+    g(x), g(x)
+
+    def broken(*a):
+        raise TypeError("incompatible function arguments")
+
+    monkeypatch.setattr(fake, "alias_storage", broken)
+    with caplog.at_level(logging.WARNING, logger="ember.cudagraphs"):
+        for _ in range(3):
+            torch.testing.assert_close(g(x)[0], x + 1)
+    assert "from now on after an internal error: TypeError" in caplog.text
+    assert g.refused and not g.recordings
+
+
+def test_a_program_error_propagates_and_keeps_the_graphs(fake):
+    g = _graphed(lambda x: (x.view(5),))  # needs 5 elements
+    g(torch.randn(5)), g(torch.randn(5))
+    with pytest.raises(RuntimeError, match="invalid for input of size 3"):
+        g(torch.randn(3))
+    assert g.refused is None and g.recordings

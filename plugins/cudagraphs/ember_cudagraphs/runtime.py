@@ -99,9 +99,11 @@ class CudaOps:
         s = self.side_stream(device)
         cur = torch.cuda.current_stream(device)
         s.wait_stream(cur)
-        with torch.cuda.stream(s):
-            yield
-        cur.wait_stream(s)
+        try:
+            with torch.cuda.stream(s):
+                yield
+        finally:
+            cur.wait_stream(s)
 
     def record(self, fn: Callable[..., Any], args: Sequence[Any], pool: Any,
                device: torch.device, gens: Sequence[torch.Generator]) -> tuple[Any, Any]:
@@ -412,6 +414,25 @@ class CUDAGraphed:
     def __call__(self, *args: Any) -> Any:
         if self.refused is not None:
             return self._eager(args)
+        try:
+            return self._call(args)
+        except Exception as e:
+            return self._internal_failure(e, args)
+
+    def _internal_failure(self, e: Exception, args: Sequence[Any]) -> Any:
+        """Something failed on the graphed path: run as is. If that works, the failure was
+        ours: this graph runs without CUDA graphs from now on, with the reason logged; if it
+        fails too, it is the program's error and propagates."""
+        out = self._eager(args)
+        self.refused = f"internal error: {type(e).__name__}: {e}"
+        log.warning("ember cudagraphs: %s runs without CUDA graphs from now on after an internal "
+                    "error: %s: %s", self.name, type(e).__name__, e,
+                    exc_info=log.isEnabledFor(logging.DEBUG))
+        for rec in list(self.recordings.values()):
+            self._retire(rec)
+        return out
+
+    def _call(self, args: Sequence[Any]) -> Any:
         o = ops()
         if o.is_capturing():  # inside the user's own capture: be captured as ordinary work
             return self.fn(*args)
@@ -604,11 +625,12 @@ class CUDAGraphed:
         conflicts = pool.conflicts(rec)
         busy = [e for e in conflicts if pool.current(e)]
         if busy:
-            self._once("busy", logging.INFO,
-                       "ember cudagraphs: %s runs without CUDA graphs for this call: outputs of "
-                       "an earlier call in the same step are still referenced and a replay "
-                       "would overwrite them (a forward called twice before its backward, or "
-                       "an output kept while the graph runs again). Call "
+            self._once("busy", logging.WARNING,
+                       "ember cudagraphs: %s runs without CUDA graphs for this call (and others "
+                       "like it): outputs of an earlier call in the same step are still "
+                       "referenced and a replay would overwrite them: a forward called again "
+                       "before its backward ran (gradient accumulation, or a forward under grad "
+                       "mode that is never differentiated: use torch.no_grad()). Call "
                        "ember.cudagraph_mark_step_begin() where a step begins if those outputs "
                        "are no longer needed.", self.name)
             return self._eager(args)
