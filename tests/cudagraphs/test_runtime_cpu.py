@@ -245,3 +245,28 @@ def test_a_program_error_propagates_and_keeps_the_graphs(fake):
     with pytest.raises(RuntimeError, match="invalid for input of size 3"):
         g(torch.randn(3))
     assert g.refused is None and g.recordings
+
+
+def test_a_backward_records_again_when_its_forward_did(fake):
+    """A parameter only the forward reads moves: the forward records again, so the
+    activations move; the backward must follow (not run without graphs for ever)."""
+    from ember_cudagraphs.runtime import for_graph
+    from ember.context import InputInfo
+
+    fw = for_graph(lambda x, w: ((x * w).sum(), (x * w).sin()), name="p.forward",
+                   kind="forward", device=CPU,
+                   inputs=[InputInfo("user", "x", False), InputInfo("parameter", "w", True)])
+    bw = for_graph(lambda s, t: (s.cos() * t,), name="p.backward", kind="backward", device=CPU,
+                   inputs=[InputInfo("activation", "", False), InputInfo("tangent", "", False)])
+    assert bw.pool is fw.pool and fw.saved_tail == 1
+    x, w = torch.randn(4), torch.randn(4)
+    t = torch.ones(4)
+    for step in range(6):
+        if step == 3:
+            w = w.clone()  # moved (as p.data = ... would)
+        _, s = fw(x, w)
+        torch.testing.assert_close(bw(s, t)[0], (x * w).sin().cos())
+        del s
+    assert fw.stats["record"] == 2 and bw.stats["record"] == 2
+    assert fw.stats["eager"] == 0 and bw.stats["eager"] == 0
+    assert fw.stats["replay"] == 3 and bw.stats["replay"] == 3  # steps 2, 4 and 5

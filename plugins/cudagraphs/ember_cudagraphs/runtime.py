@@ -319,7 +319,8 @@ class Recording:
         # the same for the parameters, as checked per call: positions, and data_ptr by position
         self.param_idx: list[int] = []
         self.param_ptrs: list[int] = []
-        self.pool_in_place: list[tuple[int, int, tuple[int, ...], str, Any]] = []
+        # (input index, data_ptr, stride, shape, weakref to the producing Recording)
+        self.pool_in_place: list[tuple[int, int, tuple[int, ...], Any, Any]] = []
         # (input index, static buffer) for inputs copied before each replay
         self.copied: list[tuple[int, torch.Tensor]] = []
         self.static_outs: list[Any] = []
@@ -492,10 +493,14 @@ class CUDAGraphed:
             return (f"input {moved[0] if moved else '?'} (a parameter or buffer) moved since "
                     "the recording (replaced, .to(), load_state_dict(assign=True), or an "
                     "optimizer that swaps tensors)")
-        for i, ptr, stride, kind, shape in rec.pool_in_place:
+        for i, ptr, stride, shape, producer in rec.pool_in_place:
             a = args[i]
             if a.data_ptr() != ptr or a.stride() != stride or a.shape != shape or \
                     _static_owner(a) is None:
+                p = producer()
+                if p is None or p.retired:
+                    return (f"input {i} came from a recording that was since replaced (its "
+                            "parameters moved)")
                 return "pool"
         return "ok"
 
@@ -541,6 +546,9 @@ class CUDAGraphed:
             if i in self.static_inputs or owner is not None:
                 kind = "param" if owner is None else "pool"
                 rec.in_place.append((i, a.data_ptr(), a.stride(), kind, a.shape))
+                if owner is not None:
+                    rec.pool_in_place.append((i, a.data_ptr(), a.stride(), a.shape,
+                                              weakref.ref(owner[0])))
                 if owner is not None and self.kind == "backward":
                     owner[0].saved_groups.add(owner[1])
                 static_args.append(a)
@@ -557,7 +565,6 @@ class CUDAGraphed:
         for r in rec.in_place:
             if r[3] == "param":
                 rec.param_ptrs[r[0]] = r[1]
-        rec.pool_in_place = [r for r in rec.in_place if r[3] == "pool"]
         graph, outs = o.record(self.fn, static_args, self.pool.get_handle(), dev, self.generators)
         rec.graph = graph
         rec.order = next(self.pool.order)
