@@ -270,3 +270,29 @@ def test_a_backward_records_again_when_its_forward_did(fake):
     assert fw.stats["record"] == 2 and bw.stats["record"] == 2
     assert fw.stats["eager"] == 0 and bw.stats["eager"] == 0
     assert fw.stats["replay"] == 3 and bw.stats["replay"] == 3  # steps 2, 4 and 5
+
+
+def test_an_output_that_is_also_saved_and_kept_does_not_block_the_next_step(fake):
+    """tanh's output is returned and saved for the backward: keeping the returned one across
+    the next step (out = f(x) in a loop) must not look like a pending backward."""
+    from ember_cudagraphs.runtime import for_graph
+    from ember.context import InputInfo
+
+    def tanh_twice(x):
+        y = x.tanh()
+        return (y, y)  # one node, returned and saved
+
+    fw = for_graph(tanh_twice, name="q.forward", kind="forward", device=CPU,
+                   inputs=[InputInfo("user", "x", False)])
+    bw = for_graph(lambda y, t: ((1 - y * y) * t,), name="q.backward", kind="backward",
+                   device=CPU, inputs=[InputInfo("activation", "", False),
+                                       InputInfo("tangent", "", False)])
+    x, t = torch.randn(4), torch.ones(4)
+    out = None
+    for _ in range(5):
+        out, saved = fw(x)  # the previous `out` is still referenced during this call
+        bw(saved, t)
+        del saved
+    assert fw.stats["eager"] == 0 and fw.stats["replay"] == 3
+    rec = next(iter(fw.recordings.values()))
+    assert len(rec.groups) == 2 and rec.saved_groups == {1}

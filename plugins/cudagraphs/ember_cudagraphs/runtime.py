@@ -549,8 +549,8 @@ class CUDAGraphed:
                 if owner is not None:
                     rec.pool_in_place.append((i, a.data_ptr(), a.stride(), a.shape,
                                               weakref.ref(owner[0])))
-                if owner is not None and self.kind == "backward":
-                    owner[0].saved_groups.add(owner[1])
+                if owner is not None and self.kind == "backward" and not owner[0].saved_kinds:
+                    owner[0].saved_groups.add(owner[1])  # (no word from AOT on what is saved)
                 static_args.append(a)
             else:
                 # not an inference tensor even under inference_mode: later calls copy into it
@@ -586,7 +586,10 @@ class CUDAGraphed:
         for j, a in enumerate(static_args):
             if isinstance(a, torch.Tensor):
                 arg_storage.setdefault(a.untyped_storage().data_ptr(), j)
-        group_of: dict[int, int] = {}
+        # outputs saved for the backward get storages of their own even where they share
+        # memory with outputs the caller gets: a kept output then does not look like a
+        # pending backward (and both are invalidated together: they conflict alike)
+        group_of: dict[tuple[int, bool], int] = {}
         saved_from = len(outs) - self.saved_tail if self.saved_tail else len(outs)
         for k, o in enumerate(outs):
             if not isinstance(o, torch.Tensor):
@@ -606,11 +609,12 @@ class CUDAGraphed:
             if sptr in self.constant_ptrs:
                 rec.plan.append(("const", o))
                 continue
-            g = group_of.get(sptr)
+            saved = k >= saved_from
+            g = group_of.get((sptr, saved))
             if g is None:
-                g = group_of[sptr] = len(rec.groups)
+                g = group_of[(sptr, saved)] = len(rec.groups)
                 rec.groups.append(o.untyped_storage())
-            if k >= saved_from:
+            if saved:
                 rec.saved_groups.add(g)
             st = o.untyped_storage()
             rec.plan.append(("pool", g, {
