@@ -221,7 +221,7 @@ class AOTCompiled:
         if not callable(fn):
             raise TypeError(f"backend {self.backend.name!r} returned {type(fn).__name__} for an "
                             "ATen graph, expected a callable")
-        if self.options.get("mode") == "reduce-overhead":
+        if self.options.get("mode") in ("reduce-overhead", "max-autotune"):  # as torch.compile
             fn = _reduce_overhead(fn, gm, example, context, self.backend.name)
         return fn
 
@@ -418,20 +418,21 @@ class AOTCompiled:
 
 def _reduce_overhead(fn: Callable[..., Any], gm: torch.fx.GraphModule, example: list[Any],
                      context: Any, backend: str) -> Callable[..., Any]:
-    """``mode="reduce-overhead"``: record the compiled callable of a graph on CUDA into CUDA
-    graphs (ember-cudagraphs' ``wrap``); elsewhere the default mode, with an info log."""
+    """``mode="reduce-overhead"`` (and ``"max-autotune"``, as in torch.compile): record the
+    compiled callable of a graph on CUDA into CUDA graphs (ember-cudagraphs' ``wrap``); elsewhere
+    the default mode, with an info log."""
     if getattr(fn, "_ember_cudagraphs", False) or backend == "cudagraphs":
         return fn
     gid = getattr(context, "graph_id", "?")
     if not any(isinstance(t, torch.Tensor) and t.is_cuda for t in example):
-        log.info("ember: mode='reduce-overhead': graph %s is not on CUDA; compiled as the default "
-                 "mode (CUDA graphs need CUDA tensors)", gid)
+        log.info("ember: mode=%r: graph %s is not on CUDA; compiled without CUDA graphs (they "
+                 "need CUDA tensors)", getattr(context, "mode", None) or "reduce-overhead", gid)
         return fn
     try:
         import ember_cudagraphs
     except ImportError:
-        log.info("ember: mode='reduce-overhead': ember-cudagraphs is not installed (pip install "
-                 "./plugins/cudagraphs); graph %s compiled as the default mode", gid)
+        log.info("ember: CUDA graphs need ember-cudagraphs, which is not installed (pip install "
+                 "./plugins/cudagraphs); graph %s compiled without them", gid)
         return fn
     return ember_cudagraphs.wrap(fn, gm, example, context=context)
 
