@@ -1,4 +1,4 @@
-"""The cudagraphs runtime's bookkeeping on the CPU, with fake graphs (tests/cudagraphs/cudagraph_fakes.py):
+"""The cudagraphs runtime's bookkeeping on the CPU, with fake graphs (cudagraph_fakes.py here):
 warm-up then record then replay per input shape, the recording limit, parameter addresses,
 outputs invalidated only when a later replay may overwrite them and only from earlier steps,
 pending backwards, in-place reads of another recording's outputs."""
