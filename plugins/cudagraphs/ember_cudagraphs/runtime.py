@@ -65,12 +65,16 @@ OVERWRITTEN_MESSAGE = (
     "optimizer.zero_grad(set_to_none=True) before each backward.")
 
 
+_api: Any = None
+
+
 def _global_step() -> int:
-    try:
+    """How many times ``ember.cudagraph_mark_step_begin()`` was called."""
+    global _api
+    if _api is None:
         from ember import api
-    except Exception:  # pragma: no cover
-        return 0
-    return int(getattr(api, "_cudagraph_steps", 0))
+        _api = api
+    return _api._cudagraph_steps
 
 
 # ---- device operations ---------------------------------------------------------------------
