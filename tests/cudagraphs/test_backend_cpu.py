@@ -75,6 +75,9 @@ def _graph(fn, *inputs):
 def test_safety_accepts_device_only_graphs_and_dropout():
     x = _cuda(4, 4)
     assert refusal_reason(_graph(lambda x: (x.sin() * 2,), x), [x]) is None
+    # SDPA's philox seed/offset reach a backward as meta tensors (device decided at run time)
+    seed = torch.empty(2, dtype=torch.uint64, device="meta")
+    assert refusal_reason(_graph(lambda s, x: (x.sin(),), seed, x), [seed, x]) is None
     gm = _graph(lambda x: torch.ops.aten.native_dropout.default(x, 0.5, True), x)
     assert refusal_reason(gm, [x]) is None  # the default generator is replayed safely
 

@@ -105,7 +105,8 @@ def wrap(fn: Callable[..., Any], gm: Any, example_inputs: Sequence[Any], *, cont
                           "CUDAGraph.register_generator_state")
     except Exception as e:  # the check itself failed: do not risk a recording
         reason = f"its safety check failed: {type(e).__name__}: {e}"
-    device = next((t.device for t in example_inputs if isinstance(t, torch.Tensor)), None)
+    device = next((t.device for t in example_inputs
+                   if isinstance(t, torch.Tensor) and t.device.type == "cuda"), None)
     if device is None or device.type != "cuda":
         reason = reason or "it has no CUDA tensor input"
         device = torch.device("cuda", torch.cuda.current_device()) \

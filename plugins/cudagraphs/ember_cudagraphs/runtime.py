@@ -613,6 +613,11 @@ class CUDAGraphed:
             if sptr in self.constant_ptrs:
                 rec.plan.append(("const", o))
                 continue
+            if o.device != self.pool.device and not (
+                    o.device.type == self.pool.device.type and self.pool.device.index is None):
+                # made on the host during the capture: a replay would not make it again
+                raise RuntimeError(f"output {k} is a {o.device} tensor made while recording; a "
+                                   "replay would not compute it again")
             saved = k >= saved_from
             g = group_of.get((sptr, saved))
             if g is None:

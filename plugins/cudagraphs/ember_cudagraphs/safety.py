@@ -109,6 +109,10 @@ def refusal_reason(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     devices: set[str] = set()
     for i, t in enumerate(example_inputs):
         if isinstance(t, torch.Tensor):
+            if t.device.type == "meta":
+                # a value whose device is decided at run time (SDPA's philox seed and offset:
+                # CUDA tensors inside a capture, CPU ones outside), which a backward receives
+                continue
             if t.device.type != "cuda":
                 return (f"input {i} is a {t.device.type} tensor {tuple(t.shape)}: a CUDA graph "
                         "replays only device work, so its value would be frozen at recording")
