@@ -4,7 +4,10 @@
 * ``ember-X``: ``ember.compile(model, backend="X")`` (X = eager, aot-eager, inductor, ...; dashes
   become underscores, so ``ember-aot-eager`` is Ember's ``aot_eager``);
 * ``torch-X``: ``torch.compile(model, backend="X")`` with torch's names (``eager``, ``aot_eager``,
-  ``inductor``) — the peer, used only here, never in product code.
+  ``inductor``, ``cudagraphs``) — the peer, used only here, never in product code;
+* ``...@MODE``: the same with ``mode=MODE`` (``ember-inductor@reduce-overhead``,
+  ``torch-inductor@reduce-overhead``; ``ember-aot-eager@reduce-overhead`` records aot_eager's
+  graphs into CUDA graphs).
 
 A backend that is not installed or cannot compile is reported, never raised: ``availability``
 returns a reason string, and the runner turns exceptions into "failed: ..." rows.
@@ -26,10 +29,13 @@ __all__ = ["BACKEND_NAMES", "availability", "make_compiled", "CompileStats", "re
 #: ``ember-onnxrt`` (inference only, ONNX Runtime) has no torch.compile peer (torch removed its
 #: ``onnxrt`` backend): run it with ``--mode infer``.
 BACKEND_NAMES = ("eager", "ember-eager", "ember-aot-eager", "torch-eager", "torch-aot-eager",
-                 "ember-onnxrt", "ember-inductor", "torch-inductor")
+                 "ember-onnxrt", "ember-cudagraphs", "torch-cudagraphs",
+                 "ember-aot-eager@reduce-overhead", "ember-inductor", "torch-inductor",
+                 "ember-inductor@reduce-overhead", "torch-inductor@reduce-overhead")
 
 
 def _family(name: str) -> tuple[str, str]:
+    name = name.partition("@")[0]
     if name == "eager":
         return "eager", ""
     fam, _, inner = name.partition("-")
@@ -60,12 +66,14 @@ def availability(name: str) -> str | None:
         be = ember.get_backend(inner)
     except Exception as e:  # BackendNotFound / BackendLoadError
         return f"not installed: {type(e).__name__}: {str(e).splitlines()[0]}"
+    if be.devices == ("cuda",) and not torch.cuda.is_available():
+        return f"not available: backend {inner!r} needs CUDA"
     # A declared-but-unimplemented backend says so as soon as it is asked to compile anything;
     # probe it on a one-node graph so its row reads "not available" instead of timing a fallback.
     try:
         gm = torch.fx.symbolic_trace(_Probe())
         be.compile(gm, [torch.ones(2)])
-    except ember.NotImplementedYet as e:
+    except (ember.NotImplementedYet, getattr(ember, "DeviceUnavailable", ())) as e:
         return f"not available: {str(e).splitlines()[0]}"
     except Exception:
         pass  # any other complaint about the probe graph: let the real model decide
@@ -77,15 +85,22 @@ class _Probe(torch.nn.Module):
         return x + 1
 
 
+def _mode(name: str) -> str | None:
+    return name.partition("@")[2] or None
+
+
 def make_compiled(name: str, fn: Any) -> Any:
     """Wrap ``fn`` (a module or function) for backend ``name``; compilation itself is lazy."""
     fam, inner = _family(name)
+    mode = _mode(name)
     if fam == "eager":
         return fn
     if fam == "ember":
         import ember
 
-        return ember.compile(fn, backend=inner)
+        return ember.compile(fn, backend=inner, mode=mode)
+    if mode is not None:
+        return torch.compile(fn, backend=inner, mode=mode)
     return torch.compile(fn, backend=inner)
 
 

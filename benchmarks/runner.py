@@ -245,7 +245,10 @@ def _run_model(name: str, cfg: RunConfig, avail: dict[str, str | None],
         rows[b].iters = len(ts)
         if eager_ms:
             rows[b].speedup = eager_ms / rows[b].median_ms
-    progress(f"{name}: " + ", ".join(f"{b} {rows[b].median_ms:.2f} ms" for b in times))
+    progress(f"{name}: " + ", ".join(
+        f"{b} {rows[b].median_ms:.2f} ms"
+        + (f" (peak {rows[b].peak_mem_mb:.0f} MiB)" if rows[b].peak_mem_mb is not None else "")
+        for b in times))
     del modules, steps, base, inputs
     reset_all()
     gc.collect()

@@ -12,10 +12,11 @@ from ._logging import set_logs
 from .api import OptimizedModule, compile, disable, is_compiling, reset
 from .api import captures, last_capture
 from .api import mark_dynamic, mark_static
+from .api import cudagraph_mark_step_begin
 from .context import CompileContext
 from .exc import (BackendCompilerFailed, BackendConflict, BackendLoadError, BackendNotFound,
-                  EmberError, GraphBreakError, InferenceOnlyBackend, NotImplementedYet,
-                  RankDivergence, UnknownOption, Unsupported)
+                  DeviceUnavailable, EmberError, GraphBreakError, InferenceOnlyBackend,
+                  NotImplementedYet, RankDivergence, UnknownOption, Unsupported)
 from .hookspecs import hookimpl
 from .plugins import Backend, get_backend, list_backends, register_backend
 from . import precompile  # a callable module: ember.precompile(fn, ...), ember.precompile.load
@@ -29,7 +30,8 @@ __all__ = [
     "Unsupported", "GraphBreakError", "NotImplementedYet", "InferenceOnlyBackend", "allow_in_graph", "explain",
     "CompileContext", "precompile", "UnknownOption",
 ]
-__all__ += ["mark_dynamic", "mark_static", "DynamicShapeError", "RankDivergence"]
+__all__ += ["mark_dynamic", "mark_static", "DynamicShapeError", "RankDivergence",
+            "DeviceUnavailable", "cudagraph_mark_step_begin"]
 
 
 def allow_in_graph(fn):  # noqa: ANN001, ANN201 - documented in the user guide

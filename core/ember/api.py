@@ -12,7 +12,8 @@ import torch
 from .plugins import Backend, get_backend
 
 __all__ = ["compile", "disable", "reset", "is_compiling", "OptimizedModule", "SUPPORTED_PYTHONS",
-           "last_capture", "captures", "mark_dynamic", "mark_static"]
+           "last_capture", "captures", "mark_dynamic", "mark_static",
+           "cudagraph_mark_step_begin"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -283,3 +284,19 @@ def mark_static(t: torch.Tensor, dim: int | list[int] | tuple[int, ...]) -> None
     from .capture.symbolic import mark_static as _mark
 
     _mark(t, dim)
+
+
+#: Steps marked by :func:`cudagraph_mark_step_begin` (read by the cudagraphs runtime).
+_cudagraph_steps = 0
+
+
+def cudagraph_mark_step_begin() -> None:
+    """Mark the beginning of a step (an inference call, a training iteration) for CUDA graphs
+    (``backend="cudagraphs"``, ``mode="reduce-overhead"``): outputs of replays before this call
+    are no longer needed, so a later replay may reuse their memory (accessing one afterwards
+    raises an error instead of reading overwritten values). Ember marks steps itself where it
+    can (each call of a graph with no backward pending); call this where it cannot tell, e.g.
+    before each call when the program keeps the autograd graph of a forward it never
+    differentiates."""
+    global _cudagraph_steps
+    _cudagraph_steps += 1

@@ -14,6 +14,7 @@ __all__ = [
     "InferenceOnlyBackend",
     "UnknownOption",
     "RankDivergence",
+    "DeviceUnavailable",
 ]
 
 
@@ -39,6 +40,11 @@ class BackendCompilerFailed(EmberError):
 
 class InferenceOnlyBackend(EmberError):
     """An inference-only backend was given a graph that needs gradients."""
+
+
+class DeviceUnavailable(EmberError):
+    """A backend needs a device this machine does not have (``backend="cudagraphs"`` without
+    CUDA)."""
 
 
 class UnknownOption(EmberError, ValueError):

@@ -221,6 +221,8 @@ class AOTCompiled:
         if not callable(fn):
             raise TypeError(f"backend {self.backend.name!r} returned {type(fn).__name__} for an "
                             "ATen graph, expected a callable")
+        if self.options.get("mode") in ("reduce-overhead", "max-autotune"):  # as torch.compile
+            fn = _reduce_overhead(fn, gm, example, context, self.backend.name)
         return fn
 
     def _build(self, key: Any, args: Sequence[Any], inputs: list[Any]) -> Any:
@@ -412,6 +414,27 @@ class AOTCompiled:
     def _log(self, what: str, gm: torch.fx.GraphModule) -> None:
         if enabled("aot"):
             log.info("AOT %s graph:\n%s", what, _readable(gm))
+
+
+def _reduce_overhead(fn: Callable[..., Any], gm: torch.fx.GraphModule, example: list[Any],
+                     context: Any, backend: str) -> Callable[..., Any]:
+    """``mode="reduce-overhead"`` (and ``"max-autotune"``, as in torch.compile): record the
+    compiled callable of a graph on CUDA into CUDA graphs (ember-cudagraphs' ``wrap``); elsewhere
+    the default mode, with an info log."""
+    if getattr(fn, "_ember_cudagraphs", False) or backend == "cudagraphs":
+        return fn
+    gid = getattr(context, "graph_id", "?")
+    if not any(isinstance(t, torch.Tensor) and t.is_cuda for t in example):
+        log.info("ember: mode=%r: graph %s is not on CUDA; compiled without CUDA graphs (they "
+                 "need CUDA tensors)", getattr(context, "mode", None) or "reduce-overhead", gid)
+        return fn
+    try:
+        import ember_cudagraphs
+    except ImportError:
+        log.info("ember: CUDA graphs need ember-cudagraphs, which is not installed (pip install "
+                 "./plugins/cudagraphs); graph %s compiled without them", gid)
+        return fn
+    return ember_cudagraphs.wrap(fn, gm, example, context=context)
 
 
 def _specializes(expr: Any) -> bool:

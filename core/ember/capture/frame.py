@@ -530,9 +530,10 @@ def _module_call_fn(cls: type) -> types.FunctionType:
 
 
 def _is_user_error(e: BaseException) -> bool:
-    from ..exc import (BackendLoadError, BackendNotFound, InferenceOnlyBackend, NotImplementedYet,
-                       RankDivergence)
+    from ..exc import (BackendLoadError, BackendNotFound, DeviceUnavailable,
+                       InferenceOnlyBackend, NotImplementedYet, RankDivergence)
     from .symbolic import DynamicShapeError
 
     return isinstance(e, (BackendNotFound, BackendLoadError, NotImplementedYet,
-                          InferenceOnlyBackend, DynamicShapeError, RankDivergence))
+                          InferenceOnlyBackend, DynamicShapeError, RankDivergence,
+                          DeviceUnavailable))
