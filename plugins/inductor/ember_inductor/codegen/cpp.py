@@ -438,11 +438,14 @@ class CppKernel:
         """A load inside an inner (reduction) loop whose index uses only outer loop variables
         and size symbols: read once before the loop. Inside an OpenMP-outlined loop the pointers
         lose ``restrict``, so gcc cannot move such a load out itself, and a loop with an invariant
-        load it must keep (a LayerNorm backward's mean/rstd) is not vectorized at all."""
+        load it must keep (a LayerNorm backward's mean/rstd) is not vectorized at all. The same
+        holds for the last loop of a pointwise nest (``hoist["moving"]``: its variable): a value
+        broadcast along it (a sum's gradient, a per-row scale) is read before that loop."""
         if self.hoist is None or self.masked_depth:
             return False
         free = getattr(index, "free_symbols", ())
-        return all(self._INVARIANT.match(str(v)) for v in free)
+        moving = self.hoist.get("moving")
+        return all(self._INVARIANT.match(str(v)) and str(v) != moving for v in free)
 
     def hoisted(self, expr: str, dtype: torch.dtype) -> CppVar:
         h = self.hoist
@@ -705,8 +708,17 @@ class CppKernel:
                 collapse = nouter  # too few rows to split: let OpenMP split the whole space
             c = f" collapse({collapse})" if collapse > 1 else ""
             self.line(f"#pragma omp parallel for{c}{par}")
+        else:
+            collapse = 0
         opened = 0
+        # a pure pointwise nest of several loops whose last loop is not collapsed into the
+        # parallel one: loads that do not move along the last loop are read before it
+        hoist_last = pure and nouter >= 2 and collapse < nouter
         for i, s in enumerate(g.outer):
+            if hoist_last and i == nouter - 1:
+                self.scopes.append({})
+                self.hoist = {"pos": len(self.lines), "indent": self.indent,
+                              "scope": self.scopes[-1], "moving": f"x{i}"}
             self.line(f"for (int64_t x{i} = 0; x{i} < {to_c(s)}; x{i}++) {{")
             self.indent += 1
             opened += 1
@@ -714,6 +726,9 @@ class CppKernel:
         for b in g.blocks:
             self.block(b)
         self.scopes.pop()
+        if hoist_last:
+            self.hoist = None
+            self.scopes.pop()
         for _ in range(opened):
             self.indent -= 1
             self.line("}")
