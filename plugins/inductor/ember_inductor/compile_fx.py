@@ -120,7 +120,7 @@ def _unbacked_sizes(gm: torch.fx.GraphModule) -> str | None:
 def generate_source(gm: torch.fx.GraphModule, key: str = "",
                     options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
     """(wrapper source, info) for an ATen graph; the wrapper embeds the C++ source."""
-    from .codegen.cpp import generate_cpp
+    from .codegen.cpp import cpu_isa, generate_cpp
     from .codegen.wrapper import generate_wrapper
     from .layout import plan_for
     from .lowering import GraphLowering
@@ -152,7 +152,7 @@ def generate_source(gm: torch.fx.GraphModule, key: str = "",
         if forced is not None:
             calibrate.override[0] = int(forced)
         try:
-            cpp = generate_cpp(sched, dtypes)
+            cpp = generate_cpp(sched, dtypes, cpu_isa(options))
         finally:
             calibrate.override[0] = prev
         src = generate_wrapper(graph, sched, cpp, key, options)
@@ -233,6 +233,13 @@ def _compile_inductor(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *
     t0 = time.perf_counter()
     counters["compiled"] += 1
     opts = {k: v for k, v in options.items()}
+    from .codegen.cpp import cpu_isa
+
+    # the instruction set the kernels are built for (an option, or EMBER_CPU_ISA) is in the key
+    isa = cpu_isa(opts)
+    opts.pop("cpu_isa", None)
+    if isa != "native":
+        opts["cpu_isa"] = isa
     key = _graph_key(gm, opts)
     src = get_text("wrapper", key)
     hit = src is not None
