@@ -116,3 +116,17 @@ def test_option_config_and_bad_values(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(rt, "cpu_flags", lambda: "fpu sse sse2")
     with pytest.raises(ValueError, match="this CPU lacks .*avx2"):
         cppgen.cpu_isa({"cpu_isa": "x86-64-v3"})
+
+
+def test_ember_compile_takes_the_option() -> None:
+    # declared in the backend's options (an undeclared key would be refused)
+    if not _cpu_can("x86-64-v3"):
+        pytest.skip("this CPU cannot run x86-64-v3 code")
+    torch.manual_seed(0)
+    x = torch.randn(16, 40)
+    f = ember.compile(lambda t: (torch.sin(t) * 2).softmax(-1), backend="inductor",
+                      options={"cpu_isa": "x86-64-v3"})
+    with ember.config.patch(suppress_errors=False):  # a failed compile raises, not runs eagerly
+        torch.testing.assert_close(f(x), (torch.sin(x) * 2).softmax(-1))
+    with pytest.raises(ValueError, match="cpu_isa"):
+        ember.compile(lambda t: t + 1, backend="inductor", options={"cpu_is": "x86-64-v3"})

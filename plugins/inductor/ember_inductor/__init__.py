@@ -51,6 +51,8 @@ OPTIONS = {
     "debug_fill": "fill every buffer with a NaN pattern before kernels write it and check "
                   "kernel writes, outputs and input strides for it (default: "
                   "ember.config.debug_fill, EMBER_DEBUG_FILL)",
+    "cpu_isa": "instruction set the C++ is built for: 'native' (default; ember.config.cpu_isa, "
+               "EMBER_CPU_ISA), 'x86-64-v4', 'x86-64-v3' (AVX2), 'x86-64-v2', 'x86-64'",
 }
 
 
