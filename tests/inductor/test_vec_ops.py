@@ -188,3 +188,16 @@ def test_every_op_is_vector_code(isa: str, tmp_path: Path) -> None:
     scalar = _scalar_loops(isa, tmp_path)
     assert not scalar, "scalar inner loops:\n" + "\n".join(
         f"  {name}: {loops}" for name, loops in sorted(scalar.items()))
+
+
+def test_backward_recomputation_computes_each_value_once() -> None:
+    # issue 21's backward kernel recomputes the forward (sin x, cos y, sigmoid x) and needs
+    # cos x and sin y for the gradients: each transcendental of each input once in the kernel
+    x, y, g = torch.randn(64, 256), torch.randn(64, 256), torch.randn(64)
+    gm = make_fx(_grad(_issue21, 2), decomposition_table=decompositions())(x, y, g)
+    src, _ = generate_source(gm, key="test_vec_ops_cse")
+    _, funcs = _functions(src)
+    body = "".join(funcs)
+    calls = re.findall(r"\b(e_sinf|e_cosf|e_vexpf)\(([^()]*)\)", body)
+    assert sorted(calls) == sorted(set(calls)), calls
+    assert len(calls) == 5, calls  # sin x, cos y, exp(-x) of the sigmoid, cos x, sin y
