@@ -1,8 +1,8 @@
 """The vectorizable float32 math of the generated C++ (codegen/vecmath.py: exp, erf, log, log2,
-log10, log1p inlined into the loops; tanh and the rest through libmvec): error in ulp against a float64 reference and
-against eager over a dense sweep of the whole float32 range, special values (NaN, +-inf, +-0,
-overflow, underflow, subnormals) as libm gives them, and gcc's own report that a GELU backward
-loop, which calls erf and exp, is vectorized with the calls inlined."""
+log10 inlined into the loops; tanh and the rest through libmvec): error in ulp against a float64
+reference and against eager over a dense sweep of the whole float32 range, special values (NaN,
++-inf, +-0, overflow, underflow, subnormals) as libm gives them, and gcc's own report that a GELU
+backward loop, which calls erf and exp, is vectorized with the calls inlined."""
 
 from __future__ import annotations
 
@@ -65,10 +65,8 @@ CASES: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], float, float]] = 
     "exp": (torch.exp, 1.0, 2.0),
     "erf": (torch.erf, 1.3, 2.0),       # 1.05 with fma, 1.28 on a target without
     "log": (torch.log, 1.0, 2.0),
-    # computed in double and rounded once (0.50 ulp measured)
-    "log2": (torch.log2, 0.51, 1.1),
-    "log10": (torch.log10, 0.51, 1.1),
-    "log1p": (torch.log1p, 0.51, 1.6),
+    "log2": (torch.log2, 1.0, 1.5),    # 0.83 measured
+    "log10": (torch.log10, 1.0, 1.5),   # 0.80 measured
     "tanh": (torch.tanh, 2.0, 3.0),     # libmvec's tanhf (1.4 ulp) or libm's
     # 1 / (1 + exp(-x)), as eager computes it: 0 below x = -88.7 where exp(-x) overflows (eager
     # too), so against float64 only where the result is a normal float
@@ -117,8 +115,6 @@ def _bits(t: torch.Tensor) -> list[int]:
      [NAN, INF, NAN, -INF, -INF, NAN, NAN, 0.0, 3.0, -149.0]),
     ("log10", [NAN, INF, -INF, 0.0, -0.0, -1.0, 1.0, 1000.0],
      [NAN, INF, NAN, -INF, -INF, NAN, 0.0, 3.0]),
-    ("log1p", [NAN, INF, -INF, 0.0, -0.0, -1.0, -1.5, 1e-30, -1e-30],
-     [NAN, INF, NAN, 0.0, -0.0, -INF, NAN, 1e-30, -1e-30]),
 ])
 def test_special_values_exact(name: str, inputs: list[float], expected: list[float]) -> None:
     fn = CASES[name][0]
