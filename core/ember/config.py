@@ -12,7 +12,8 @@ import os
 from typing import Any, Iterator
 
 __all__ = ["recompile_limit", "suppress_errors", "verbose", "cache_dir", "aot_cache",
-           "persist_capture", "dist_check", "dist_timeout", "dist_compile_once", "patch"]
+           "persist_capture", "dist_check", "dist_timeout", "dist_compile_once", "cpu_isa",
+           "patch"]
 
 #: Guard misses for one code object before Ember gives up and runs it eagerly.
 recompile_limit: int = 8
@@ -46,6 +47,11 @@ max_inline_depth: int = 64
 #: allocate or reuse is filled with a NaN pattern first, and what kernels write and graphs return
 #: is checked for it (``EMBER_DEBUG_FILL=1``). Slow.
 debug_fill: bool = False
+#: The instruction set the inductor backend's C++ is built for: "native" (this CPU, gcc's
+#: -march=native) or a lower x86-64 level ("x86-64-v4" AVX-512, "x86-64-v3" AVX2, "x86-64-v2",
+#: "x86-64"), e.g. to run and measure the AVX2 code on an AVX-512 machine. The inductor option
+#: ``cpu_isa`` overrides it per compile. ``EMBER_CPU_ISA=x86-64-v3``.
+cpu_isa: str = "native"
 
 
 def _coerce(current: Any, raw: str) -> Any:
@@ -62,7 +68,7 @@ def _apply_env() -> None:
     g = globals()
     for name in ("recompile_limit", "suppress_errors", "verbose", "cache_dir", "max_inline_depth",
                  "aot_cache", "persist_capture", "debug_fill", "dist_check", "dist_timeout",
-                 "dist_compile_once"):
+                 "dist_compile_once", "cpu_isa"):
         raw = os.environ.get("EMBER_" + name.upper())
         if raw is not None:
             g[name] = _coerce(g[name], raw)

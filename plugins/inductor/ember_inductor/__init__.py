@@ -53,6 +53,8 @@ OPTIONS = {
                   "ember.config.debug_fill, EMBER_DEBUG_FILL)",
     "cpu_codegen": "code generator of CPU graphs: 'cpp' (default) or 'triton' (Triton kernels "
                    "run by Triton's interpreter; needs TRITON_INTERPRET=1, for testing)",
+    "cpu_isa": "instruction set the C++ is built for: 'native' (default; ember.config.cpu_isa, "
+               "EMBER_CPU_ISA), 'x86-64-v4', 'x86-64-v3' (AVX2), 'x86-64-v2', 'x86-64'",
 }
 
 

@@ -241,6 +241,13 @@ def _compile_inductor(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *
     t0 = time.perf_counter()
     counters["compiled"] += 1
     opts = {k: v for k, v in options.items()}
+    from .codegen.cpp import cpu_isa
+
+    # the instruction set the kernels are built for (an option, or EMBER_CPU_ISA) is in the key
+    isa = cpu_isa(opts)
+    opts.pop("cpu_isa", None)
+    if isa != "native":
+        opts["cpu_isa"] = isa
     key = _graph_key(gm, opts)
     src = get_text("wrapper", key)
     hit = src is not None

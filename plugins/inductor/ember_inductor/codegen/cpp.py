@@ -402,6 +402,9 @@ class CppOps:
 
 
 _INIT = {"sum": 0, "prod": 1, "any": False, "all": True}
+# (reduction, of floats) -> the OpenMP reduction operator of an "omp simd" inner loop
+_SIMD_REDUCTION = {("sum", True): "+", ("prod", True): "*", ("max", True): "max",
+                   ("min", True): "min", ("max", False): "max", ("min", False): "min"}
 
 
 def _reduction_init(rtype: str, dtype: torch.dtype) -> str:
@@ -438,11 +441,14 @@ class CppKernel:
         """A load inside an inner (reduction) loop whose index uses only outer loop variables
         and size symbols: read once before the loop. Inside an OpenMP-outlined loop the pointers
         lose ``restrict``, so gcc cannot move such a load out itself, and a loop with an invariant
-        load it must keep (a LayerNorm backward's mean/rstd) is not vectorized at all."""
+        load it must keep (a LayerNorm backward's mean/rstd) is not vectorized at all. The same
+        holds for the last loop of a pointwise nest (``hoist["moving"]``: its variable): a value
+        broadcast along it (a sum's gradient, a per-row scale) is read before that loop."""
         if self.hoist is None or self.masked_depth:
             return False
         free = getattr(index, "free_symbols", ())
-        return all(self._INVARIANT.match(str(v)) for v in free)
+        moving = self.hoist.get("moving")
+        return all(self._INVARIANT.match(str(v)) and str(v) != moving for v in free)
 
     def hoisted(self, expr: str, dtype: torch.dtype) -> CppVar:
         h = self.hoist
@@ -705,8 +711,17 @@ class CppKernel:
                 collapse = nouter  # too few rows to split: let OpenMP split the whole space
             c = f" collapse({collapse})" if collapse > 1 else ""
             self.line(f"#pragma omp parallel for{c}{par}")
+        else:
+            collapse = 0
         opened = 0
+        # a pure pointwise nest of several loops whose last loop is not collapsed into the
+        # parallel one: loads that do not move along the last loop are read before it
+        hoist_last = pure and nouter >= 2 and collapse < nouter
         for i, s in enumerate(g.outer):
+            if hoist_last and i == nouter - 1:
+                self.scopes.append({})
+                self.hoist = {"pos": len(self.lines), "indent": self.indent,
+                              "scope": self.scopes[-1], "moving": f"x{i}"}
             self.line(f"for (int64_t x{i} = 0; x{i} < {to_c(s)}; x{i}++) {{")
             self.indent += 1
             opened += 1
@@ -714,6 +729,9 @@ class CppKernel:
         for b in g.blocks:
             self.block(b)
         self.scopes.pop()
+        if hoist_last:
+            self.hoist = None
+            self.scopes.pop()
         for _ in range(opened):
             self.indent -= 1
             self.line("}")
@@ -744,6 +762,13 @@ class CppKernel:
                 if at != compute_type(red.src_dtype):
                     wide.add(m.node.name)
         pw_names = []
+        simd_minmax = False
+        # float max/min reductions over an inner loop: a NaN flag each (see the pragma below)
+        minmax_nan = {m.node.name for m in reds if b.inner
+                      and m.node.data.reduction_type in ("max", "min")
+                      and m.node.data.src_dtype.is_floating_point}
+        for n in minmax_nan:
+            self.line(f"int acc_{n}_nan = 0;")
         # a float sum over a symbolic length accumulates in double; it runs in chunks of
         # DOUBLE_ACC_MIN summed in float (vectorized as float), each chunk added to the double:
         # as accurate as the static rule, and no slower than it for short rows
@@ -752,13 +777,21 @@ class CppKernel:
         part = {n: f"acc_{n}_p" for n in chunked}
         if b.inner:
             self.hoist = {"pos": len(self.lines), "indent": self.indent, "scope": self.scopes[-1]}
-            simd = [m for m in reds if m.node.data.reduction_type in ("sum", "prod")
-                    and m.node.data.src_dtype.is_floating_point]
-            if simd and len(simd) == len(reds):
-                clauses = " ".join(
-                    f"reduction({'+' if m.node.data.reduction_type == 'sum' else '*'}:"
-                    f"{part.get(m.node.name, f'acc_{m.node.name}')})" for m in simd)
-                pragma = f"#pragma omp simd {clauses}"
+            # every reduction of the block has an OpenMP reduction operator: "omp simd" makes
+            # gcc keep one accumulator per vector lane. Float max/min track NaN in a flag (the
+            # lanes compare with a plain > or <, which gcc vectorizes; a NaN-propagating
+            # compare it leaves scalar) and return NaN after the loop if one was seen.
+            ops_ = [_SIMD_REDUCTION.get((m.node.data.reduction_type,
+                                         m.node.data.src_dtype.is_floating_point))
+                    if m.node.data.src_dtype != torch.bool else None for m in reds]
+            if reds and all(ops_):
+                clauses = []
+                for m, op in zip(reds, ops_):
+                    clauses.append(f"reduction({op}:{part.get(m.node.name, f'acc_{m.node.name}')})")
+                    if m.node.name in minmax_nan:
+                        clauses.append(f"reduction(|:acc_{m.node.name}_nan)")
+                pragma = f"#pragma omp simd {' '.join(clauses)}"
+                simd_minmax = True
             else:
                 pragma = None
             if chunked:
@@ -795,6 +828,10 @@ class CppKernel:
                     self.line(f"{acc} = {acc} + {value};")
                 elif rt == "prod":
                     self.line(f"{acc} = {acc} * {value};")
+                elif rt in ("max", "min") and simd_minmax:
+                    self.line(f"{acc} = {value} {'>' if rt == 'max' else '<'} {acc} ? {value} : {acc};")
+                    if m.node.name in minmax_nan:
+                        self.line(f"{acc}_nan |= {value} != {value};")
                 elif rt == "max":
                     self.line(f"{acc} = e_max({acc}, {value});")
                 elif rt == "min":
@@ -829,6 +866,9 @@ class CppKernel:
         for m in reds:
             red = m.node.data
             acc = accs[m.node.name][0]
+            if m.node.name in minmax_nan:
+                self.line(f"if (acc_{m.node.name}_nan) {acc} = "
+                          f"{literal(math.nan, red.src_dtype)};")
             if m.node.name in wide:
                 self.line(f"{compute_type(red.src_dtype)} {acc}_n = {acc};")
                 acc = f"{acc}_n"
@@ -857,8 +897,57 @@ MAX_SOURCES = max(1, min(4, os.cpu_count() or 1))
 SPLIT_MIN_LINES = 150
 
 
-def generate_cpp(sched: Scheduler, dtypes: dict[str, torch.dtype]) -> list[str]:
-    """The C++ sources of a graph: each is the prelude plus some of the regions' functions."""
+#: the ``cpu_isa`` option's values (gcc ``-march`` names) and the /proc/cpuinfo flags a CPU needs
+#: to run code built for each (every level includes the ones below it)
+CPU_ISAS: dict[str, tuple[str, ...]] = {
+    "native": (),
+    "x86-64": ("sse2",),
+    "x86-64-v2": ("sse2", "ssse3", "sse4_1", "sse4_2", "popcnt", "cx16"),
+    "x86-64-v3": ("sse2", "ssse3", "sse4_1", "sse4_2", "popcnt", "cx16", "avx", "avx2", "fma",
+                  "bmi1", "bmi2", "f16c", "movbe"),
+    "x86-64-v4": ("sse2", "ssse3", "sse4_1", "sse4_2", "popcnt", "cx16", "avx", "avx2", "fma",
+                  "bmi1", "bmi2", "f16c", "movbe", "avx512f", "avx512bw", "avx512cd", "avx512dq",
+                  "avx512vl"),
+}
+
+
+def cpu_isa(options: dict[str, Any] | None = None) -> str:
+    """The instruction set to build for: ``options["cpu_isa"]``, else ``ember.config.cpu_isa``
+    (``EMBER_CPU_ISA``), else "native". Raises ValueError for a name not in :data:`CPU_ISAS` or
+    one this CPU cannot run (its code would die of an illegal instruction)."""
+    value = (options or {}).get("cpu_isa")
+    where = "options={'cpu_isa': ...}"
+    if value is None:
+        import ember
+
+        value = getattr(ember.config, "cpu_isa", "native") or "native"
+        where = "ember.config.cpu_isa (EMBER_CPU_ISA)"
+    value = str(value)
+    if value not in CPU_ISAS:
+        raise ValueError(f"ember-inductor: {where} is {value!r}; valid values: "
+                         f"{', '.join(map(repr, CPU_ISAS))}")
+    if value != "native":
+        import platform
+
+        from ember.precompile.runtime import cpu_flags
+
+        if platform.machine().lower() not in ("x86_64", "amd64"):
+            raise ValueError(f"ember-inductor: {where} is {value!r}, an x86-64 level, but this "
+                             f"machine is {platform.machine()}; use 'native'")
+        have = set(cpu_flags().split())
+        missing = [f for f in CPU_ISAS[value] if f not in have]
+        if have and missing:
+            raise ValueError(f"ember-inductor: {where} is {value!r}, but this CPU lacks "
+                             f"{', '.join(missing)} (code built for it would not run here); "
+                             "use 'native' or a lower level")
+    return value
+
+
+def generate_cpp(sched: Scheduler, dtypes: dict[str, torch.dtype],
+                 isa: str = "native") -> list[str]:
+    """The C++ sources of a graph: each is the prelude plus some of the regions' functions.
+    ``isa`` other than "native" heads each source with ``// ember-cpu-isa: <isa>``, which the
+    kernel cache (runtime/cache.py) builds with ``-march=<isa>`` and keys accordingly."""
     funcs = []
     for step in sched.steps:
         if isinstance(step, CppRegion):
@@ -873,4 +962,5 @@ def generate_cpp(sched: Scheduler, dtypes: dict[str, torch.dtype]) -> list[str]:
         i = min(n - 1, sum(sizes) * n // max(total, 1))
         chunks[i].append(f)
         sizes[i] += f.count("\n")
-    return [PRELUDE + "\n" + "\n".join(c) for c in chunks if c]
+    head = "" if isa == "native" else f"// ember-cpu-isa: {isa}\n"
+    return [head + PRELUDE + "\n" + "\n".join(c) for c in chunks if c]

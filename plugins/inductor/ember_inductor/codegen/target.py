@@ -57,10 +57,13 @@ class CppTarget(Target):
 
     name = "cpp"
 
+    def __init__(self, isa: str = "native"):
+        self.isa = isa  # the instruction set the C++ is built for (option cpu_isa)
+
     def generate(self, sched: Any, dtypes: dict[str, torch.dtype]) -> list[str]:
         from .cpp import generate_cpp
 
-        return generate_cpp(sched, dtypes)
+        return generate_cpp(sched, dtypes, self.isa)
 
     def header(self, regions: list[Any], sources: list[str]) -> list[str]:
         head = ["CPP_SOURCES = ["]
@@ -158,4 +161,7 @@ def target_for(gm: Any, options: dict[str, Any] | None) -> Target:
     if codegen not in ("cpp", None):
         raise ValueError(f"ember-inductor: option cpu_codegen={codegen!r}: expected 'cpp' or "
                          "'triton'")
-    return _CPP
+    from .cpp import cpu_isa
+
+    isa = cpu_isa(options)
+    return _CPP if isa == "native" else CppTarget(isa)

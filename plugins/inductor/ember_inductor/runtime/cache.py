@@ -7,7 +7,10 @@ Everything is keyed by content. A compiled kernel library is found by the sha256
 * the flags,
 * the CPU instruction set the compiler targets (``-march=native`` resolved by the compiler itself,
   ``g++ -march=native -Q --help=target``; ``/proc/cpuinfo`` flags if the compiler cannot say) —
-  code built for this CPU must never be loaded on another,
+  code built for this CPU must never be loaded on another. A source whose first line is
+  ``// ember-cpu-isa: x86-64-v3`` (the inductor option ``cpu_isa``, see codegen/cpp.py) is built
+  with ``-march=x86-64-v3`` instead of ``-march=native``, and keyed by that target's resolution
+  (the same on every CPU that runs it),
 * the torch version and this cache's format version;
 
 nothing else decides a hit. Writes are atomic (build into a unique temporary file in the entry's
@@ -53,6 +56,7 @@ import json
 import logging
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import tempfile
@@ -73,6 +77,7 @@ __all__ = [
     "compile_cpp_many",
     "load_cpp",
     "cpp_key",
+    "source_march",
     "get_text",
     "put_text",
     "info",
@@ -138,30 +143,47 @@ def _run_text(cmd: Sequence[str]) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _toolchain(compiler: str) -> str:
+def _toolchain(compiler: str, march: str = "native") -> str:
     """Everything about compiler, target CPU and torch that decides what a build produces."""
     import torch
 
     version = _run_text([compiler, "--version"])
     # The compiler's own resolution of -march=native: the target name and every -m flag it
     # enables. Hashing it means a different CPU (or a different gcc's idea of it) is a miss.
-    target = _run_text([compiler, "-march=native", "-Q", "--help=target"])
-    if not target.strip():
+    # (A named -march resolves the same on every CPU.)
+    target = _run_text([compiler, f"-march={march}", "-Q", "--help=target"])
+    if not target.strip() and march == "native":
         from ember.precompile.runtime import cpu_flags  # one reader of /proc/cpuinfo
 
         target = "cpuinfo:" + cpu_flags()
-    return "\n".join([f"format={FORMAT_VERSION}", f"compiler={compiler}", version,
+    return "\n".join([f"format={FORMAT_VERSION}", f"compiler={compiler}", f"march={march}", version,
                       hashlib.sha256(target.encode()).hexdigest(), f"torch={torch.__version__}"])
 
 
-def _flags(extra_flags: Sequence[str]) -> tuple[str, ...]:
-    return BASE_FLAGS + tuple(extra_flags)
+#: the first line of a source built for a named instruction set rather than this CPU's
+_ISA_LINE = re.compile(r"// ember-cpu-isa: ([A-Za-z0-9_.-]+)\n")
+
+
+def source_march(source: str) -> str:
+    """The ``-march`` a source is built with: ``native`` unless its first line names another
+    (``// ember-cpu-isa: x86-64-v3``)."""
+    m = _ISA_LINE.match(source)
+    return m.group(1) if m else "native"
+
+
+def _flags(extra_flags: Sequence[str], march: str = "native") -> tuple[str, ...]:
+    base = BASE_FLAGS if march == "native" else tuple(
+        f"-march={march}" if f == "-march=native" else f for f in BASE_FLAGS)
+    return base + tuple(extra_flags)
 
 
 def cpp_key(source: str, extra_flags: Sequence[str] = ()) -> str:
-    """The cache key (hex sha256) of ``source`` built with :data:`BASE_FLAGS` + ``extra_flags``."""
+    """The cache key (hex sha256) of ``source`` built with :data:`BASE_FLAGS` + ``extra_flags``
+    (``-march`` as :func:`source_march` says)."""
+    march = source_march(source)
+    tool = _toolchain(_compiler()) if march == "native" else _toolchain(_compiler(), march)
     h = hashlib.sha256()
-    for part in (_toolchain(_compiler()), "\0".join(_flags(extra_flags)), source):
+    for part in (tool, "\0".join(_flags(extra_flags, march)), source):
         h.update(part.encode())
         h.update(b"\0\0")
     return h.hexdigest()
@@ -289,7 +311,7 @@ def compile_cpp(source: str, extra_flags: Sequence[str] = ()) -> pathlib.Path:
     hit = _built.get(memo_key)
     if hit is not None and hit.exists():  # (gone if another process cleared the cache)
         return hit
-    path = _build(cpp_key(source, flags), source, _flags(flags))
+    path = _build(cpp_key(source, flags), source, _flags(flags, source_march(source)))
     with _lock:
         _built[memo_key] = path
     return path
