@@ -245,7 +245,12 @@ def fsdp_wrap(mode: str, backend: str = "aot_eager", reshard: bool = True,
     import ember
     from torch.distributed.fsdp import fully_shard
 
-    kw: dict[str, Any] = {"reshard_after_forward": reshard}
+    from torch.distributed.device_mesh import init_device_mesh
+
+    # the tests run on CPU tensors over gloo: a CPU mesh, also on a machine with a GPU (where
+    # fully_shard's default mesh would be a CUDA one)
+    kw: dict[str, Any] = {"reshard_after_forward": reshard,
+                          "mesh": init_device_mesh("cpu", (torch.distributed.get_world_size(),))}
     if mp is not None:
         kw["mp_policy"] = mp
 
