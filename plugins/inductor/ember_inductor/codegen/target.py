@@ -161,7 +161,7 @@ def target_for(gm: Any, options: dict[str, Any] | None) -> Target:
     if codegen not in ("cpp", None):
         raise ValueError(f"ember-inductor: option cpu_codegen={codegen!r}: expected 'cpp' or "
                          "'triton'")
-    from .cpp import cpu_isa
+    from .isa import cpu_isa
 
     isa = cpu_isa(options)
     return _CPP if isa == "native" else CppTarget(isa)
