@@ -24,7 +24,8 @@ class FakeGraph:
     def replay(self) -> None:
         self.replays += 1
         new = self.fn(*self.args)
-        with torch.no_grad():
+        # a replay writes memory, whatever autograd thinks of the tensors (inference ones too)
+        with torch.inference_mode():
             for s, n in zip(self.outs, new):
                 if isinstance(s, torch.Tensor) and all(
                         s.data_ptr() != a.data_ptr() for a in self.args

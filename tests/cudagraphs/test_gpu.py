@@ -286,3 +286,16 @@ def test_reduce_overhead_records_aot_eager_callables():
         for _ in range(4):
             torch.testing.assert_close(fast(x), model(x))
     assert _stat(_wrappers(before), "replay") >= 2
+
+
+def test_inference_mode_calls_replay_and_match_eager():
+    model = Net().to(DEV).eval()
+    before = _ids()
+    fast = ember.compile(model, backend="cudagraphs")
+    for i in range(4):
+        x = torch.randn(4, 32, device=DEV)
+        with torch.inference_mode():
+            out = fast(x)
+        torch.testing.assert_close(out, model(x))
+        del out
+    assert _stat(_wrappers(before), "replay") >= 2

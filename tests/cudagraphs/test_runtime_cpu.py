@@ -296,3 +296,15 @@ def test_an_output_that_is_also_saved_and_kept_does_not_block_the_next_step(fake
     assert fw.stats["eager"] == 0 and fw.stats["replay"] == 3
     rec = next(iter(fw.recordings.values()))
     assert len(rec.groups) == 2 and rec.saved_groups == {1}
+
+
+def test_recorded_under_inference_mode_replays_outside_it(fake):
+    w = torch.randn(3)
+    g = _graphed(_affine, static=[1])
+    with torch.inference_mode():
+        x = torch.randn(2, 3)
+        g(x, w), g(x, w)  # warm-up, recording: the static buffer is not an inference tensor
+        torch.testing.assert_close(g(x, w)[0], x * w + 1)
+    x2 = torch.randn(2, 3)
+    torch.testing.assert_close(g(x2, w)[0], x2 * w + 1)
+    assert g.stats["replay"] == 2 and g.stats["eager"] == 0
