@@ -271,3 +271,17 @@ def test_backward_replays_when_a_saved_activation_views_the_user_input(fake_back
     assert "argview" in next(iter(fw.recordings.values())).saved_kinds or \
         "arg" in next(iter(fw.recordings.values())).saved_kinds
     assert fw.stats["replay"] == 2 and bw.stats["replay"] == 2, (fw.stats, bw.stats)
+
+
+def test_callables_recorded_into_cuda_graphs_keep_no_buffers_between_calls():
+    from ember.aot.compile import _cuda_graphs, _no_kept_buffers
+
+    x, cpu = _cuda(4), torch.ones(4)
+    assert _cuda_graphs({"mode": "reduce-overhead"}, [x])
+    assert not _cuda_graphs({"mode": "reduce-overhead"}, [cpu])
+    assert not _cuda_graphs({"mode": "default"}, [x])
+    inductor = ember.get_backend("inductor")
+    assert _no_kept_buffers({"mode": "reduce-overhead"}, inductor) == {
+        "mode": "reduce-overhead", "buffer_pool": False}
+    aot_eager = ember.get_backend("aot_eager")
+    assert _no_kept_buffers({"mode": "reduce-overhead"}, aot_eager) == {"mode": "reduce-overhead"}

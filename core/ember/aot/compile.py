@@ -217,7 +217,10 @@ class AOTCompiled:
         from ..backends import _run_passes, call_backend  # late: backends imports aot lazily
 
         gm = _run_passes(gm, "aten")
-        fn = call_backend(self.backend, gm, example, self.options, context)
+        graphs = _cuda_graphs(self.options, example)
+        fn = call_backend(self.backend, gm, example,
+                          _no_kept_buffers(self.options, self.backend) if graphs else self.options,
+                          context)
         if not callable(fn):
             raise TypeError(f"backend {self.backend.name!r} returned {type(fn).__name__} for an "
                             "ATen graph, expected a callable")
@@ -414,6 +417,22 @@ class AOTCompiled:
     def _log(self, what: str, gm: torch.fx.GraphModule) -> None:
         if enabled("aot"):
             log.info("AOT %s graph:\n%s", what, _readable(gm))
+
+
+def _cuda_graphs(options: dict[str, Any], example: list[Any]) -> bool:
+    """Will the compiled callable be recorded into CUDA graphs (see :func:`_reduce_overhead`)?"""
+    return options.get("mode") in ("reduce-overhead", "max-autotune") and any(
+        isinstance(t, torch.Tensor) and t.is_cuda for t in example)
+
+
+def _no_kept_buffers(options: dict[str, Any], backend: Any) -> dict[str, Any]:
+    """A backend whose callables keep internal buffers between calls declares the option
+    ``buffer_pool``: recorded into CUDA graphs, a kept buffer that the callable later drops
+    (another shape) would still be written by the earlier recording's replays, so it is off."""
+    accepted = backend.accepted_options() if hasattr(backend, "accepted_options") else None
+    if accepted and "buffer_pool" in accepted and "buffer_pool" not in options:
+        return {**options, "buffer_pool": False}
+    return options
 
 
 def _reduce_overhead(fn: Callable[..., Any], gm: torch.fx.GraphModule, example: list[Any],
