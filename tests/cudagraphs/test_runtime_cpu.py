@@ -308,3 +308,27 @@ def test_recorded_under_inference_mode_replays_outside_it(fake):
     x2 = torch.randn(2, 3)
     torch.testing.assert_close(g(x2, w)[0], x2 * w + 1)
     assert g.stats["replay"] == 2 and g.stats["eager"] == 0
+
+
+def test_a_backward_records_though_an_activation_is_empty_or_moved_device(fake):
+    """cuDNN batch norm saves an empty reserve tensor (no memory: never "ours"), and SDPA's seed
+    comes from the CPU when the forward ran eagerly, from the GPU when it was replayed (a new
+    key, but no second warm-up)."""
+    from ember_cudagraphs.runtime import _key, _warm_key, for_graph
+    from ember.context import InputInfo
+
+    fw = for_graph(lambda x: (x.sum(), x.sin(), x.new_empty(0)), name="e.forward",
+                   kind="forward", device=CPU, inputs=[InputInfo("user", "x", False)])
+    bw = for_graph(lambda s, r, t: (s.cos() * t,), name="e.backward", kind="backward",
+                   device=CPU, inputs=[InputInfo("activation", "", False),
+                                       InputInfo("activation", "", False),
+                                       InputInfo("tangent", "", False)])
+    x, t = torch.randn(4), torch.ones(())
+    for _ in range(4):
+        _, s, r = fw(x)
+        torch.testing.assert_close(bw(s, r, t)[0], x.sin().cos())
+        del s, r
+    assert bw.stats["record"] == 1 and bw.stats["replay"] == 2 and bw.stats["eager"] == 0
+    k_cpu = _key([torch.ones(2)])
+    k_meta = _key([torch.ones(2, device="meta")])
+    assert k_cpu != k_meta and _warm_key(k_cpu) == _warm_key(k_meta)

@@ -370,6 +370,15 @@ def _key(args: Sequence[Any], idx: Sequence[int] | None = None) -> Any:
     return tuple(k)
 
 
+def _warm_key(key: Any) -> Any:
+    """A recording key without devices: what the warm-up is for (library state for these
+    shapes) does not depend on where an input is. A backward gets SDPA's philox seed and offset
+    on the CPU from an eager forward and on the GPU from a recorded one (a new key), and needs
+    no second warm-up for that."""
+    return tuple(k[:2] if isinstance(k, tuple) and len(k) == 3 and isinstance(k[2], torch.device)
+                 else k for k in key)
+
+
 class CUDAGraphed:
     """The callable the cudagraphs backend (and ``mode="reduce-overhead"``) returns."""
 
@@ -461,7 +470,7 @@ class CUDAGraphed:
             return self._record_or_eager(key, args)
         if key in self.failed:
             return self._eager(args)
-        if key not in self.warmed:
+        if _warm_key(key) not in self.warmed:
             if self.n_recorded >= self.max_recordings:
                 return self._over_limit(key, args)
             return self._warmup(key, args)
@@ -480,7 +489,7 @@ class CUDAGraphed:
 
     def _warmup(self, key: Any, args: Sequence[Any]) -> Any:
         self.stats["warmup"] += 1
-        self.warmed.add(key)
+        self.warmed.add(_warm_key(key))
         dev = self.pool.device
         with ops().warmup(dev):
             return self.fn(*args)
@@ -532,8 +541,10 @@ class CUDAGraphed:
         if fw is None or not fw.recordings or fw.refused is not None:
             return False
         kinds = next(iter(fw.recordings.values())).saved_kinds
+        # (an empty tensor has no memory to find: cuDNN batch norm's reserve space)
         return any(kind == "pool" and i < len(args) and isinstance(args[i], torch.Tensor)
-                   and _static_owner(args[i]) is None for i, kind in enumerate(kinds))
+                   and args[i].numel() > 0 and _static_owner(args[i]) is None
+                   for i, kind in enumerate(kinds))
 
     def _record(self, key: Any, args: Sequence[Any]) -> Recording:
         o = ops()
