@@ -332,3 +332,21 @@ def test_a_backward_records_though_an_activation_is_empty_or_moved_device(fake):
     k_cpu = _key([torch.ones(2)])
     k_meta = _key([torch.ones(2, device="meta")])
     assert k_cpu != k_meta and _warm_key(k_cpu) == _warm_key(k_meta)
+
+
+def test_a_backward_whose_activations_never_come_from_the_recording_records_anyway(fake):
+    """Its forward is recorded but always runs as is (its activations are never where the
+    recording put them): after a few calls the backward records with copied inputs."""
+    from ember_cudagraphs.runtime import for_graph
+    from ember.context import InputInfo
+
+    fw = for_graph(lambda x: (x.sum(), x.sin()), name="d.forward", kind="forward", device=CPU,
+                   inputs=[InputInfo("user", "x", False)])
+    bw = for_graph(lambda s, t: (s.cos() * t,), name="d.backward", kind="backward", device=CPU,
+                   inputs=[InputInfo("activation", "", False), InputInfo("tangent", "", False)])
+    x, t = torch.randn(4), torch.ones(())
+    fw(x), fw(x)  # the forward is recorded
+    for _ in range(7):
+        s = x.sin()  # ... but these activations are not its outputs
+        torch.testing.assert_close(bw(s, t)[0], x.sin().cos())
+    assert bw.stats["eager"] == 3 and bw.stats["record"] == 1 and bw.stats["replay"] == 2

@@ -405,6 +405,7 @@ class CUDAGraphed:
         #: backward: its forward (weakref); its first inputs are that forward's saved outputs
         self.sibling: Any = None
         self.warmed: set[Any] = set()
+        self._deferred = 0  # backward: calls run as is, waiting for in-place activations
         self.failed: dict[Any, str] = {}  # key -> why it runs without graphs
         self.n_recorded = 0
         self._warned: set[str] = set()
@@ -521,9 +522,11 @@ class CUDAGraphed:
     def _record_or_eager(self, key: Any, args: Sequence[Any]) -> Any:
         if self.n_recorded >= self.max_recordings:
             return self._over_limit(key, args)
-        if self._activations_elsewhere(args):
+        if self._deferred < 3 and self._activations_elsewhere(args):
             # its forward is recorded but ran without graphs this time: record when the saved
-            # activations are the forward's outputs (read in place, not copied every call)
+            # activations are the forward's outputs (read in place, not copied every call);
+            # after a few such calls, record anyway (copying them)
+            self._deferred += 1
             return self._eager(args)
         try:
             rec = self._record(key, args)
@@ -542,9 +545,13 @@ class CUDAGraphed:
             return False
         kinds = next(iter(fw.recordings.values())).saved_kinds
         # (an empty tensor has no memory to find: cuDNN batch norm's reserve space)
-        return any(kind == "pool" and i < len(args) and isinstance(args[i], torch.Tensor)
-                   and args[i].numel() > 0 and _static_owner(args[i]) is None
-                   for i, kind in enumerate(kinds))
+        elsewhere = [i for i, kind in enumerate(kinds)
+                     if kind == "pool" and i < len(args) and isinstance(args[i], torch.Tensor)
+                     and args[i].numel() > 0 and _static_owner(args[i]) is None]
+        if elsewhere:
+            log.debug("ember cudagraphs: %s: saved activations %s are not in the forward's "
+                      "recording; running as is for this call", self.name, elsewhere[:8])
+        return bool(elsewhere)
 
     def _record(self, key: Any, args: Sequence[Any]) -> Recording:
         o = ops()
