@@ -3,13 +3,14 @@
 # under 5 minutes (each part under a timeout; a killed run's log still has per-model lines); logs and tables under $OUT (default ./gpu_out):
 #   1. tests/cudagraphs on the GPU (tests.log): zoo models (small) inference and training equal
 #      eager's and replay; stale-memory cases; dropout; reduce-overhead with aot_eager.
-#   2. the benchmark runner, --size small (GPT-2 and BERT batch 4, resnet50 batch 2), inference
-#      (bench-infer.log) and training steps (bench-train.log), CUDA-event timings and peak memory
-#      (torch.cuda.max_memory_allocated), tables in $OUT/bench/: eager, ember-cudagraphs,
-#      torch-cudagraphs (torch.compile(backend="cudagraphs")), ember-aot-eager@reduce-overhead,
-#      ember-inductor@reduce-overhead, torch-inductor@reduce-overhead. The inference run also
-#      writes the per-call overhead of a tiny function (x + 1 on 4 elements) for each of them,
-#      side by side in one process.
+#   2. overhead.txt: per-call overhead of a tiny function (x + 1 on 4 elements), side by side in
+#      one process: eager, ember-cudagraphs, torch-cudagraphs, ember-aot-eager@reduce-overhead,
+#      ember-inductor@reduce-overhead, torch-inductor@reduce-overhead;
+#   3. the benchmark runner, --size small (GPT-2 and BERT batch 4, resnet50 batch 2), inference
+#      and training steps (bench-{infer,train}-{A,B}.log), CUDA-event timings and peak memory
+#      (torch.cuda.max_memory_allocated), tables in $OUT/bench/: A = the CUDA-graph backends
+#      (ember-cudagraphs, torch.compile(backend="cudagraphs"), ember-aot-eager@reduce-overhead),
+#      B = ember-inductor@reduce-overhead vs torch-inductor@reduce-overhead.
 #   bash scripts/gpu_cudagraphs.sh [tests|bench|all]
 set -uo pipefail
 OUT="${OUT:-$PWD/gpu_out}"; mkdir -p "$OUT"
@@ -37,17 +38,38 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   rc=${PIPESTATUS[0]}
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
-  B="eager,ember-cudagraphs,torch-cudagraphs,ember-aot-eager@reduce-overhead"
-  B="$B,ember-inductor@reduce-overhead,torch-inductor@reduce-overhead"
-  common=(--device cuda --size small --models gpt2,bert,resnet50 --backends "$B"
-          --iters 60 --warmup 5 --max-seconds 5 --compile-probes none --out "$OUT/bench" --append)
-  timeout "${INFER_TIMEOUT:-70}" python3 -m benchmarks run --mode infer --deadline 45 \
-    "${common[@]}" >"$OUT/bench-infer.log" 2>&1; echo "infer rc=$?" >>"$OUT/bench-infer.log"
-  tail -25 "$OUT/bench-infer.log"
-  timeout "${TRAIN_TIMEOUT:-70}" python3 -m benchmarks run --mode train --deadline 45 \
-    --no-overhead "${common[@]}" >"$OUT/bench-train.log" 2>&1
-  echo "train rc=$?" >>"$OUT/bench-train.log"
-  tail -25 "$OUT/bench-train.log"
+  # 1. per-call overhead of x + 1 on 4 elements, every variant side by side in one process
+  #    (the runner's per_call_overhead, interleaved samples)
+  timeout "${OVERHEAD_TIMEOUT:-60}" python3 - >"$OUT/overhead.txt" 2>"$OUT/overhead.err" <<'PY'
+import os
+from benchmarks.measure import per_call_overhead
+names = ["eager", "ember-cudagraphs", "torch-cudagraphs", "ember-aot-eager@reduce-overhead",
+         "ember-inductor@reduce-overhead", "torch-inductor@reduce-overhead"]
+res = per_call_overhead(names, "cuda", samples=21, calls=200)
+print(f"load {os.getloadavg()}")
+print(f"{'variant':36} {'us/call':>9} {'over eager':>11}  note")
+for n in names:
+    r = res.get(n, {})
+    us, ov = r.get("us_per_call"), r.get("overhead_us")
+    print(f"{n:36} {us if us is None else round(us, 1)!s:>9} {ov if ov is None else round(ov, 1)!s:>11}"
+          f"  {r.get('note', '')}")
+PY
+  echo "overhead rc=$?" >>"$OUT/overhead.txt"; cat "$OUT/overhead.txt"; tail -3 "$OUT/overhead.err"
+  # 2. the runner: small GPT-2/BERT (batch 4), resnet50 (batch 2); CUDA-event medians and peak
+  #    memory; the CUDA-graph backends first, then the inductor reduce-overhead pair (slower to
+  #    compile), appended to the same reports
+  common=(--device cuda --size small --models gpt2,bert,resnet50 --iters 40 --warmup 3
+          --max-seconds 3 --compile-probes none --no-overhead --out "$OUT/bench" --append)
+  A="eager,ember-cudagraphs,torch-cudagraphs,ember-aot-eager@reduce-overhead"
+  B="eager,ember-inductor@reduce-overhead,torch-inductor@reduce-overhead"
+  for run in "infer A 70 50" "train A 80 55" "infer B 45 25" "train B 45 25"; do
+    set -- $run
+    backends=$A; [ "$2" = B ] && backends=$B
+    timeout "$3" python3 -m benchmarks run --mode "$1" --backends "$backends" --deadline "$4" \
+      "${common[@]}" >"$OUT/bench-$1-$2.log" 2>&1
+    echo "$1 $2 rc=$?" >>"$OUT/bench-$1-$2.log"
+    grep -E "ms|rc=|failed|skipped" "$OUT/bench-$1-$2.log" | tail -12
+  done
   ls "$OUT/bench" 2>/dev/null
 fi
 exit $rc
