@@ -284,6 +284,18 @@ def test_precompile_artifact_round_trip(tmp_path):
         _close(fn(m, t), m(t))
 
 
+def test_precompile_partitioned_graph(tmp_path):
+    t = torch.randn(4, 4)
+    with torch.no_grad():
+        art = ember.precompile(_with_gap, t, backend="onnxrt")
+        assert sum(k.endswith(".onnx") for k in _entries(art)) == 2  # two ORT subgraphs
+        assert "torch.ops.aten.i0" in art.source  # the ATen op between them, as source
+        fn = ember.precompile.load(source=art.source, cache=art.cache)
+        _close(fn(t), _with_gap(t))
+        fn = ember.precompile.load(source=art.source)  # no cache: models from the source
+        _close(fn(t), _with_gap(t))
+
+
 def _entries(art):
     from ember.precompile.container import read_manifest
 
