@@ -146,7 +146,7 @@ class CompileStats:
     and ``stop()`` (deltas of the global counters, so other backends' counts do not leak in)."""
 
     def __init__(self, name: str):
-        self.fam, _ = _family(name)
+        self.fam, self.inner = _family(name)
         self.graphs: int | None = None
         self.breaks: int | None = None
         self.aot_s: float | None = None
@@ -168,7 +168,18 @@ class CompileStats:
             return counters["stats"]["unique_graphs"], sum(counters["graph_break"].values()), 0
         return 0, 0, 0
 
+    def _ort(self) -> tuple[int, int] | None:
+        """ember-onnxrt: (ops run by ONNX Runtime, ops) over the graphs compiled so far."""
+        if self.fam != "ember" or self.inner != "onnxrt":
+            return None
+        try:
+            from ember_onnxrt.backend import counters
+        except ImportError:
+            return None
+        return counters["ort_ops"], counters["total_ops"]
+
     def start(self) -> None:
+        self._ort0 = self._ort()
         self._before = self._snapshot()
         self._ev0 = len(ember_events()) if self.fam == "ember" else 0
 
@@ -180,6 +191,10 @@ class CompileStats:
         self.breaks = after[1] - self._before[1]
         if self.fam != "ember":
             return
+        ort = self._ort()
+        if ort is not None and self._ort0 is not None:
+            done, total = ort[0] - self._ort0[0], ort[1] - self._ort0[1]
+            self.notes.append(f"ops in ONNX Runtime: {done}/{total}")
         new = ember_events()[self._ev0:]
         aot = [e.data for e in new if e.kind == "timing" and e.data.get("stage") == "aot"]
         if aot:

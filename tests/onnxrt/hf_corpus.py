@@ -14,7 +14,6 @@ import collections
 import dataclasses
 import sys
 import time
-from typing import Any
 
 
 @dataclasses.dataclass
@@ -44,12 +43,10 @@ def run(name: str) -> Row:
 
     from tests.hf import harness
 
-    before = len(B.last_compiled)
     B.last_compiled.clear()
     t0 = time.perf_counter()
     r = harness.run_ember(name, "eval", "onnxrt")
     comps = list(B.last_compiled)
-    del before
     aten: dict[str, str] = {}
     for c in comps:
         for k, v in c.aten_ops.items():

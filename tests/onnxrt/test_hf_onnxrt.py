@@ -11,8 +11,10 @@ pytest.importorskip("transformers", reason="the HF corpus needs transformers")
 
 from tests.onnxrt import hf_corpus  # noqa: E402
 
-#: model -> the least share of its ops that must run in ONNX Runtime (all of them today)
-SUBSET = {"gpt2": 1.0, "bert": 1.0, "vit": 1.0, "clip": 1.0, "wav2vec2": 1.0}
+#: model -> the least share of its ops that must run in ONNX Runtime. All of them with
+#: transformers 5.24; with 5.17 wav2vec2's eval graph holds an ``aten::rand`` (89/90), which
+#: stays ATen on purpose (ORT's generator is not torch's)
+SUBSET = {"gpt2": 1.0, "bert": 1.0, "vit": 1.0, "clip": 1.0, "wav2vec2": 0.95}
 
 
 @pytest.mark.parametrize("name", list(SUBSET))
@@ -26,3 +28,5 @@ def test_hf_eval_through_onnxrt(name, tmp_path, monkeypatch, record_property):
     assert row.fallbacks == 0
     assert row.accuracy.startswith("pass"), row.accuracy
     assert row.share >= SUBSET[name], row.aten_ops
+    # whatever stays ATen does so for a reason the log gives: random numbers, here
+    assert all("results would differ" in why for why in row.aten_ops.values()), row.aten_ops

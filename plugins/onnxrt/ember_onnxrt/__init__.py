@@ -40,9 +40,10 @@ def _decompositions() -> Any:
     from torch._decomp import get_decompositions
 
     aten = torch.ops.aten
-    return get_decompositions([aten.rsub.Scalar, aten.rsub.Tensor, aten.var.correction,
-                               aten.var_mean.correction, aten._weight_norm_interface,
-                               aten.std.correction, aten.std_mean.correction])
+    # (not var/std: torch's decompositions of those emit prims ops that functionalization
+    # refuses; they stay ATen)
+    return get_decompositions([aten.rsub.Scalar, aten.rsub.Tensor,
+                               aten._weight_norm_interface])
 
 
 @ember.hookimpl

@@ -36,7 +36,7 @@ log = logging.getLogger("ember.onnxrt.translate")
 
 OPSET = 18  # torch_lib's functions are written against opset 18
 #: part of every cache key: bump when a change here changes the models built
-TRANSLATOR_VERSION = 2
+TRANSLATOR_VERSION = 3
 
 
 def onnxscript_version() -> str:
@@ -133,8 +133,6 @@ _DENY = {
     "aten::rand", "aten::randn", "aten::randint", "aten::bernoulli", "aten::bernoulli.p",
     "aten::native_dropout", "aten::dropout", "aten::rand_like", "aten::randn_like",
     "aten::normal", "aten::uniform", "aten::multinomial", "aten::randperm",
-    # ORT's Einsum/Mod on these dtypes or empty(): uninitialized memory, nothing to compute
-    "aten::empty.memory_format", "aten::empty_strided", "aten::empty_like",
 }
 
 
