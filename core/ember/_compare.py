@@ -1,6 +1,5 @@
 """Byte-wise comparison of CPU tensors, for the per-call check that frozen inputs are unchanged
-(backends that fold or embed parameters: ember-onnxrt; the same function as
-ember_inductor.runtime.compare, which may import it from here).
+(backends that fold or embed parameters: ember-inductor's freezing, ember-onnxrt's initializers).
 
 ``torch.equal`` on a parameter-sized tensor opens a parallel region: on a machine whose cores are
 shared, one stalled thread stalls the whole check (gpt2 small: a median of 11 ms per call for a
