@@ -241,7 +241,7 @@ def _compile_inductor(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *
     t0 = time.perf_counter()
     counters["compiled"] += 1
     opts = {k: v for k, v in options.items()}
-    from .codegen.cpp import cpu_isa
+    from .codegen.isa import cpu_isa
 
     # the instruction set the kernels are built for (an option, or EMBER_CPU_ISA) is in the key
     isa = cpu_isa(opts)
