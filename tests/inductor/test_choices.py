@@ -219,3 +219,33 @@ def test_generated_code_reads_the_threshold():
     srcs = [generate_source(gm, key=f"thr{n}", options={"parallel_min_work": n})[0]
             for n in (1024, 1 << 20)]
     assert "omp parallel for" in srcs[0] and "omp parallel for" not in srcs[1]
+
+
+@pytest.mark.parametrize("check", ["content", "version"])
+def test_derived_weight_variants_pay_for_the_content_check(monkeypatch, check):
+    # a pre-transposed or packed weight makes the weight a watched input (freezing's per-call
+    # content check): the timed call of those variants includes the comparison
+    from ember_inductor.runtime import compare
+
+    compared = []
+    real = compare.same_contents
+    monkeypatch.setattr(compare, "same_contents", lambda a, b: compared.append(1) or real(a, b))
+    ran: dict[str, int] = {}
+
+    def once(cands):
+        for name, fn in cands.items():
+            n = len(compared)
+            fn()
+            ran[name] = len(compared) - n
+        return {n: 1.0 for n in cands}
+
+    monkeypatch.setattr(autotune, "_time_all", once)
+    W, B = torch.randn(64, 32), torch.randn(64)
+    xm = torch.empty(4, 32)
+    names = ["addmm", "transposed"] + (["mkl_packed"] if torch.backends.mkl.is_available()
+                                       else [])
+    autotune._time_linear(("t", check), names, xm, W, B, 4, None, check)
+    derived = 1 if check == "content" else 0
+    assert ran["addmm"] == 0 and ran["transposed"] == derived
+    if "mkl_packed" in ran:
+        assert ran["mkl_packed"] == derived
