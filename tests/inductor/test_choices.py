@@ -249,3 +249,20 @@ def test_derived_weight_variants_pay_for_the_content_check(monkeypatch, check):
     assert ran["addmm"] == 0 and ran["transposed"] == derived
     if "mkl_packed" in ran:
         assert ran["mkl_packed"] == derived
+
+
+@pytest.mark.parametrize("winner", ["aten", "onednn"])
+def test_convolution_library_follows_the_timing(monkeypatch, winner):
+    # a 1x1 convolution with a bias, channels-last: aten.convolution or oneDNN's own entry,
+    # as timed; either gives eager's result
+    asked = _fake(monkeypatch, {"layout": "channels_last", "lib": winner})
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(8, 16, 1), nn.Hardtanh(0.0, 6.0), nn.Conv2d(16, 8, 3, padding=1,
+                                                                          groups=8)).eval()
+    before = layout.counters["conv_onednn"]
+    f = ember.compile(copy.deepcopy(m), backend="inductor", options={"freezing": False})
+    x = torch.randn(2, 8, 10, 10)
+    with torch.no_grad():
+        torch.testing.assert_close(f(x), m(x), rtol=1e-4, atol=1e-5)
+    assert any(a == ["aten", "onednn"] for a in asked)
+    assert (layout.counters["conv_onednn"] - before == 2) == (winner == "onednn")
