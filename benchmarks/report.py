@@ -48,6 +48,32 @@ def merge_rows(old: list[Row], new: list[Row]) -> list[Row]:
                                          rank.get(r.backend, len(rank))))
 
 
+_ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
+              "amx_tile", "asimd", "sve")
+
+
+def _isa() -> str:
+    """The vector instruction sets that matter to generated code (from /proc/cpuinfo) and what
+    gcc's ``-march=native`` resolves to (the target kernels are built for)."""
+    import subprocess
+
+    flags: set[str] = set()
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
+    have = [f for f in _ISA_FLAGS if f in flags]
+    march = ""
+    with contextlib.suppress(Exception):
+        out = subprocess.run(["g++", "-march=native", "-Q", "--help=target"], capture_output=True,
+                             text=True, timeout=30).stdout
+        march = next((ln.split()[-1] for ln in out.splitlines()
+                      if ln.strip().startswith("-march=")), "")
+    return " ".join(have) + (f" (gcc -march=native: {march})" if march else "")
+
+
 def machine_info(device: str) -> dict[str, str]:
     cpu = platform.processor() or platform.machine()
     try:
@@ -64,6 +90,7 @@ def machine_info(device: str) -> dict[str, str]:
         "torch": torch.__version__,
         "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
     }
+    info["isa"] = _isa()
     with contextlib.suppress(OSError):  # other work on the machine skews timings: say how much
         info["load average at end (1/5/15 min)"] = " / ".join(f"{x:.1f}" for x in os.getloadavg())
     try:
@@ -199,7 +226,8 @@ def _update_index(index: Path, out_dir: Path, res: dict[str, Any], md: str) -> N
     body = "\n".join([
         begin, "",
         *[f"Command: `{cmd}`" + "\n" for cmd in res["commands"]],
-        f"Machine: {info['cpu']}; torch {info['torch']}; Python {info['python']}"
+        f"Machine: {info['cpu']}" + (f"; ISA {info['isa']}" if info.get("isa") else "")
+        + f"; torch {info['torch']}; Python {info['python']}"
         + (f"; GPU {info['gpu']}" if "gpu" in info else "")
         + "".join(f"; {k} {info[k]}" for k in ("load average at start (1/5/15 min)",
                                                 "load average at end (1/5/15 min)") if k in info)

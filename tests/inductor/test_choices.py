@@ -219,3 +219,50 @@ def test_generated_code_reads_the_threshold():
     srcs = [generate_source(gm, key=f"thr{n}", options={"parallel_min_work": n})[0]
             for n in (1024, 1 << 20)]
     assert "omp parallel for" in srcs[0] and "omp parallel for" not in srcs[1]
+
+
+@pytest.mark.parametrize("check", ["content", "version"])
+def test_derived_weight_variants_pay_for_the_content_check(monkeypatch, check):
+    # a pre-transposed or packed weight makes the weight a watched input (freezing's per-call
+    # content check): the timed call of those variants includes the comparison
+    from ember_inductor.runtime import compare
+
+    compared = []
+    real = compare.same_contents
+    monkeypatch.setattr(compare, "same_contents", lambda a, b: compared.append(1) or real(a, b))
+    ran: dict[str, int] = {}
+
+    def once(cands):
+        for name, fn in cands.items():
+            n = len(compared)
+            fn()
+            ran[name] = len(compared) - n
+        return {n: 1.0 for n in cands}
+
+    monkeypatch.setattr(autotune, "_time_all", once)
+    W, B = torch.randn(64, 32), torch.randn(64)
+    xm = torch.empty(4, 32)
+    names = ["addmm", "transposed"] + (["mkl_packed"] if torch.backends.mkl.is_available()
+                                       else [])
+    autotune._time_linear(("t", check), names, xm, W, B, 4, None, check)
+    derived = 1 if check == "content" else 0
+    assert ran["addmm"] == 0 and ran["transposed"] == derived
+    if "mkl_packed" in ran:
+        assert ran["mkl_packed"] == derived
+
+
+@pytest.mark.parametrize("winner", ["aten", "onednn"])
+def test_convolution_library_follows_the_timing(monkeypatch, winner):
+    # a 1x1 convolution with a bias, channels-last: aten.convolution or oneDNN's own entry,
+    # as timed; either gives eager's result
+    asked = _fake(monkeypatch, {"layout": "channels_last", "lib": winner})
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(8, 16, 1), nn.Hardtanh(0.0, 6.0), nn.Conv2d(16, 8, 3, padding=1,
+                                                                          groups=8)).eval()
+    before = layout.counters["conv_onednn"]
+    f = ember.compile(copy.deepcopy(m), backend="inductor", options={"freezing": False})
+    x = torch.randn(2, 8, 10, 10)
+    with torch.no_grad():
+        torch.testing.assert_close(f(x), m(x), rtol=1e-4, atol=1e-5)
+    assert any(a == ["aten", "onednn"] for a in asked)
+    assert (layout.counters["conv_onednn"] - before == 2) == (winner == "onednn")

@@ -23,6 +23,8 @@ def _channels_last_pays(monkeypatch):
     from ember_inductor import layout as _layout
 
     monkeypatch.setattr(_layout, "channels_last_chosen", lambda gm: True)
+    # and convolutions stay aten.convolution (the timed oneDNN entry: test_choices.py)
+    monkeypatch.setattr(_layout, "_onednn_conv_chosen", lambda plan, node, args: False)
 
 
 CL = torch.channels_last

@@ -39,6 +39,9 @@ OPTIONS = {
                     "'always', or False",
     "layout_opt": "channels-last activations in graphs with convolutions: 'auto' (default: "
                   "timed on this machine for inference graphs, on for training), True, False",
+    "onednn_conv": "channels-last float32 convolutions through oneDNN's own entry "
+                   "(mkldnn._convolution_pointwise) instead of aten.convolution: 'auto' "
+                   "(default: timed on this machine), True, False",
     "layout_weights": "also copy convolution weights channels-last: 'none' (default), "
                       "'backward', 'all'",
     "onednn_linear": "linear layers' kernel: 'auto' (default: ATen/MKL, oneDNN, pre-packed or "

@@ -232,20 +232,40 @@ def _weight_of(wt: Any, values: dict[torch.fx.Node, torch.Tensor]) -> torch.fx.N
 
 
 def _time_linear(sig: Any, names: list[str], xm: torch.Tensor, W: torch.Tensor,
-                 B: torch.Tensor | None, batch: int, onednn: Any) -> str:
+                 B: torch.Tensor | None, batch: int, onednn: Any, check: str) -> str:
+    """Time the variants of one frozen linear layer. A variant that derives a constant from
+    the weight (``transposed``, ``mkl_packed``) makes the weight a watched input of the frozen
+    graph: with ``check="content"`` (freezing's default) every call then compares its bytes
+    with a snapshot (freezing.FrozenCall), and that comparison is timed as part of the variant
+    (a batch-1 MLP whose 64 MiB of weights were pre-transposed ran 1.6x slower than eager for
+    it)."""
+    from .runtime.compare import same_contents
+
     X = _random_like(xm)
     Wt = W.t().contiguous()
+    snap = W.clone() if check == "content" else None
+
+    def watched(fn: Callable[[], Any]) -> Callable[[], Any]:
+        if snap is None:
+            return fn
+
+        def call() -> Any:
+            same_contents(W, snap)
+            return fn()
+        return call
+
     cands: dict[str, Callable[[], Any]] = {}
     if B is not None:
         cands["addmm"] = lambda: torch.addmm(B, X, W.t())
-        cands["transposed"] = lambda: torch.addmm(B, X, Wt)
+        cands["transposed"] = watched(lambda: torch.addmm(B, X, Wt))
     else:
         cands["addmm"] = lambda: torch.mm(X, W.t())
-        cands["transposed"] = lambda: torch.mm(X, Wt)
+        cands["transposed"] = watched(lambda: torch.mm(X, Wt))
     if "mkl_packed" in names:
         try:
             packed = torch.ops.mkl._mkl_reorder_linear_weight(W, batch)
-            cands["mkl_packed"] = lambda: torch.ops.mkl._mkl_linear(X, packed, W, B, batch)
+            cands["mkl_packed"] = watched(
+                lambda: torch.ops.mkl._mkl_linear(X, packed, W, B, batch))
         except Exception:  # pragma: no cover - MKL builds without packing
             pass
     if "onednn" in names:
@@ -257,7 +277,7 @@ def _time_linear(sig: Any, names: list[str], xm: torch.Tensor, W: torch.Tensor,
 
 def tune_linears(gm: torch.fx.GraphModule, const: set[torch.fx.Node],
                  frozen: set[torch.fx.Node], example_inputs: Sequence[Any],
-                 forced: str | None = None) -> int:
+                 forced: str | None = None, check: str = "content") -> int:
     """Rewrite each ``addmm(b, x, W.t())`` / ``mm(x, W.t())`` over a frozen weight into the
     fastest alternative (or into ``forced``, one of the candidates' names, where it is one);
     the new weight computations are parameter-only, so freezing folds them. Returns how many
@@ -292,7 +312,7 @@ def tune_linears(gm: torch.fx.GraphModule, const: set[torch.fx.Node],
             continue
         batch = int(xm.shape[0])
         sig = ("linear", tuple(xm.shape), tuple(xm.stride()), tuple(W.shape), tuple(W.stride()),
-               str(W.dtype), B is not None)
+               str(W.dtype), B is not None, check)
         names = ["addmm", "transposed"]
         mkl_ok = (W.dtype == torch.float32 and torch.backends.mkl.is_available()
                   and xm.is_contiguous())
@@ -313,7 +333,7 @@ def tune_linears(gm: torch.fx.GraphModule, const: set[torch.fx.Node],
             if choice is not None:
                 counters["cached"] += 1
             else:
-                choice = _time_linear(sig, names, xm, W, B, batch, onednn)
+                choice = _time_linear(sig, names, xm, W, B, batch, onednn, check)
         packed = None
         if choice == "mkl_packed":
             packed = torch.ops.mkl._mkl_reorder_linear_weight(W, batch)

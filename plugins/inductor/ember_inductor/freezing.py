@@ -551,7 +551,8 @@ def freeze_and_compile(compile_fn: Callable[..., Any], gm: torch.fx.GraphModule,
     forced = "addmm" if lin is False else "onednn" if lin in (True, "always") else None
 
     def rewrite(gm: Any, const: Any, frozen: Any, example: Any) -> int:
-        return tune_linears(gm, const, frozen, example, forced=forced)
+        return tune_linears(gm, const, frozen, example, forced=forced,
+                            check=str(options.get("freezing_check", "content")))
     if context is not None and getattr(context, "kind", None) == "inference":
         from .layout import decide_layout, wants_channels_last
 

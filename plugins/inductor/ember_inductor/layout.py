@@ -110,6 +110,8 @@ class LayoutPlan:
         self.fused: dict[Any, Any] = {}
         # convolution weights channels-last too: "none", "backward", "all"
         self.weights = "none"
+        # forward convolutions through oneDNN's own entry: "auto" (timed), True, False
+        self.onednn_conv: Any = "auto"
 
     def key(self) -> str:
         return repr((sorted(self.keep_outputs), sorted(self.input_strides.items())))
@@ -261,6 +263,7 @@ def plan_for(gm: torch.fx.GraphModule, options: dict[str, Any]) -> LayoutPlan | 
     lay = options.get("_layout") or {}
     plan = LayoutPlan(lay.get("keep", ()), lay.get("inputs"))
     plan.weights = str(options.get("layout_weights", "none"))
+    plan.onednn_conv = options.get("onednn_conv", "auto")
     return plan
 
 
@@ -329,7 +332,17 @@ def lower_conv(g: Any, plan: LayoutPlan, node: torch.fx.Node, args: Sequence[Any
         fused = _relu_epilogue(g, plan, node, args, layout, origins)
         if fused is not None:
             return fused
-        buf = ExternKernel(g.new_name(), layout, node.target, args, {}, "extern", origins)
+        call, cargs = node.target, args
+        if _onednn_conv_chosen(plan, node, args):
+            # the same convolution through oneDNN directly (mkldnn._convolution_pointwise, no
+            # post-op): where ATen would take another path (its channels-last 1x1 convolution
+            # with a bias runs the slow im2col-free GEMM path, aten::_slow_conv2d_forward)
+            x_, w_, b_, stride, padding, dilation, _, _, groups = args
+            call = _mkldnn_pointwise().default
+            cargs = [x_, w_, None if isinstance(b_, NoneValue) else b_, list(padding),
+                     list(stride), list(dilation), groups, "none", [], None]
+            counters["conv_onednn"] += 1
+        buf = ExternKernel(g.new_name(), layout, call, cargs, {}, "extern", origins)
         g.operations.append(buf)
         counters["conv"] += 1
         return buf
@@ -455,6 +468,52 @@ def _single_user(node: torch.fx.Node, target: Any) -> torch.fx.Node | None:
         return None
     (u,) = node.users
     return u if u.op == "call_function" and u.target is target else None
+
+
+def _onednn_conv_chosen(plan: LayoutPlan, node: torch.fx.Node, args: Sequence[Any]) -> bool:
+    """Run this channels-last float32 convolution through oneDNN's own entry
+    (``mkldnn._convolution_pointwise``) rather than ``aten.convolution``? ``plan.onednn_conv``:
+    True/False force it; ``"auto"`` times both on this machine with the real sizes, a
+    channels-last input and the weight's layout (cached per machine: autotune.py)."""
+    from .autotune import choose
+
+    mode = plan.onednn_conv
+    op = _mkldnn_pointwise()
+    x, w, b, stride, padding, dilation, transposed, out_pad, groups = args
+    xv, wv = node.args[0].meta.get("val"), node.args[1].meta.get("val") \
+        if isinstance(node.args[1], torch.fx.Node) else None
+    if (op is None or not mode or transposed or any(p != 0 for p in out_pad)
+            or not isinstance(groups, int) or not _static_4d(xv) or xv.dtype != torch.float32
+            or not isinstance(wv, torch.Tensor) or not all(
+                isinstance(d, int) for d in (*wv.shape, *wv.stride()))):
+        return False
+    if mode is True or mode == "always":
+        return True
+    has_b = b is not None and type(b).__name__ != "NoneValue"
+    sig = ("conv_library", tuple(xv.shape), tuple(wv.shape), tuple(wv.stride()), has_b,
+           tuple(stride), tuple(padding), tuple(dilation), groups)
+    state: dict[str, Any] = {}
+
+    def operands() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        if not state:
+            state["x"] = _random(xv.shape, torch.float32, True)
+            state["w"] = torch.empty_strided(tuple(wv.shape), tuple(wv.stride())).normal_()
+            state["b"] = torch.randn(wv.shape[0]) if has_b else None
+        return state["x"], state["w"], state["b"]
+
+    def aten_call() -> Any:
+        x_, w_, b_ = operands()
+        return aten.convolution.default(x_, w_, b_, list(stride), list(padding),
+                                        list(dilation), False, [0, 0], groups)
+
+    def onednn_call() -> Any:
+        x_, w_, b_ = operands()
+        return op.default(x_, w_, b_, list(padding), list(stride), list(dilation), groups,
+                          "none", [], None)
+
+    with torch.no_grad():
+        return choose("conv_library", sig, {"aten": aten_call, "onednn": onednn_call},
+                      default="aten") == "onednn"
 
 
 def _mkldnn_pointwise() -> Any:
