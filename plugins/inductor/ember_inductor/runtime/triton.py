@@ -255,7 +255,23 @@ def _build(source: str, fn: Any, spec: dict[str, Any], config: dict[str, int]) -
 
 #: a graph with at least this many kernels to compile builds them in worker processes
 POOL_MIN_KERNELS = 4
-_pool: Any = None
+_procs: list[Any] = []
+
+
+def _workers_started(n: int) -> list[Any]:
+    """``n`` live worker processes (``python -m ember_inductor.runtime.triton_worker``), started
+    on first use and kept for the process's life (they exit when their stdin closes)."""
+    import subprocess
+
+    _procs[:] = [p for p in _procs if p.poll() is None]
+    while len(_procs) < n:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        _procs.append(subprocess.Popen(
+            [sys.executable, "-m", "ember_inductor.runtime.triton_worker"], env=env,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            text=True, bufsize=1))
+    return _procs[:n]
 
 
 def _pool_workers() -> int:
@@ -304,11 +320,10 @@ def _current_target() -> tuple[str, int, int]:
 
 def prebuild(source: str, items: Sequence[tuple[dict[str, Any], dict[str, int]]],
              target: tuple[str, int, int] | None = None) -> int:
-    """Compile, in a pool of worker processes, the binaries of ``items`` (kernel spec,
+    """Compile, in worker processes (:mod:`.triton_worker`), the binaries of ``items`` (kernel spec,
     configuration) that Ember's cache lacks, when there are at least :data:`POOL_MIN_KERNELS`
     of them (``EMBER_TRITON_COMPILE_WORKERS`` processes; 0 turns the pool off). Returns how many
     were built there; a failure only logs (the kernel is then compiled in this process)."""
-    global _pool
     workers = _pool_workers()
     missing = []
     for spec, config in items:
@@ -318,27 +333,45 @@ def prebuild(source: str, items: Sequence[tuple[dict[str, Any], dict[str, int]]]
             missing.append((spec, config, key))
     if workers < 1 or len(missing) < POOL_MIN_KERNELS:
         return 0
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
     path = _module_path(source)
     _module(source)  # written (and imported here too)
     t0 = time.perf_counter()
     target = target or _current_target()
+    jobs = [json.dumps({"path": str(path), "name": spec["name"], "spec": spec, "config": config,
+                        "target": list(target), "key": key,
+                        "cache_dir": str(_store.cache_dir())})
+            for spec, config, key in missing]
     with _lock:
-        if _pool is None:
-            _pool = ProcessPoolExecutor(max_workers=workers,
-                                        mp_context=multiprocessing.get_context("spawn"))
-        pool = _pool
-    futures = [pool.submit(_worker_build, str(path), spec["name"], spec, config, target, key,
-                           str(_store.cache_dir())) for spec, config, key in missing]
+        procs = _workers_started(min(workers, len(jobs)))
+    # round-robin: each worker gets its share on stdin, answers one line per job
+    shares: list[list[str]] = [[] for _ in procs]
+    for i, job in enumerate(jobs):
+        shares[i % len(procs)].append(job)
     built = 0
-    for f in futures:
+    for proc, share in zip(procs, shares):
         try:
-            built += f.result(timeout=900) == "built"
-        except Exception as e:  # noqa: BLE001 - built in this process instead
-            log.warning("a Triton compile worker failed (%s: %s); compiling in-process",
-                        type(e).__name__, e)
+            assert proc.stdin is not None
+            proc.stdin.write("".join(j + "\n" for j in share))
+            proc.stdin.flush()
+        except OSError as e:
+            log.warning("a Triton compile worker is gone (%s); compiling in-process", e)
+            share.clear()
+    for proc, share in zip(procs, shares):
+        for _ in share:
+            line = ""
+            try:
+                assert proc.stdout is not None
+                line = proc.stdout.readline()
+                r = json.loads(line) if line else {"error": "worker exited"}
+            except (OSError, ValueError) as e:
+                r = {"error": str(e)}
+            if r.get("ok") == "built":
+                built += 1
+            elif "error" in r:
+                log.warning("a Triton compile worker failed (%s); compiling in-process",
+                            r["error"][:300])
+                if not line:
+                    break
     counters["pool_builds"] = counters.get("pool_builds", 0) + built
     log.debug("built %d Triton kernels in %d worker processes in %.2fs", built, workers,
               time.perf_counter() - t0)
