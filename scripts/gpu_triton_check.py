@@ -205,6 +205,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=".")
     a = p.parse_args()
+    Path(a.out).mkdir(parents=True, exist_ok=True)
     OUT[0] = a.out
     import triton
     result("versions", {"torch": torch.__version__, "triton": triton.__version__,

@@ -439,6 +439,17 @@ class TritonOps:
                         else:
                             self.k.check_always(ERR_ZERO_DIV)
                         fmt[1] = str(self._emit(f"tl.where({zero}, 1, {b})", b.dtype, b))
+                if table is _INT_BINARY and name in _INT_DIVISIONS and dt != torch.int64:
+                    # narrower integers divide in 64 bits (int32 division gave wrong values in
+                    # alternate elements on the H200 with Triton 3.6; int64 was right): same
+                    # results, the quotient fits
+                    wide = [f"{a}.to(tl.int64)" if a.const is None else str(a) for a in args]
+                    fmt = [wide[0], fmt[1] if args[1].const is not None else
+                           f"{fmt[1]}.to(tl.int64)"]
+                    if args[0].const is not None and args[1].const is not None:
+                        fmt[0] = f"tl.full([], {args[0]}, tl.int64)"
+                    expr = table[name].format(*fmt)
+                    return self._emit(f"({expr}).to({TL_DTYPE[dt]})", dt, *args)
                 if all(a.const is not None for a in args):
                     fmt[0] = self.k.full(args[0])
                 elif args[0].const is not None and name in (
