@@ -1177,6 +1177,15 @@ def generate_triton(sched: Scheduler, dtypes: dict[str, torch.dtype],
         interpret = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
     parts = [PRELUDE]
     kernels: dict[str, KernelSpec] = {}
+    # CPU tensors a CUDA graph's kernels read (0-d constants made by the program, CPU scalar
+    # inputs: eager's CUDA ops accept them): copied to the device at the launch
+    host: set[str] = set()
+    if device != "cpu":
+        graph = sched.graph
+        host = {b.name for b in getattr(graph, "inputs", [])
+                if getattr(b.layout.device, "type", "cpu") == "cpu"}
+        host |= {n for n, t in getattr(graph, "constants", {}).items()
+                 if getattr(getattr(t, "device", None), "type", "cpu") == "cpu"}
     for step in sched.steps:
         if not isinstance(step, CppRegion):
             continue
@@ -1188,6 +1197,7 @@ def generate_triton(sched: Scheduler, dtypes: dict[str, torch.dtype],
             split = tk.split_parts()
             made = tk.generate_split(split) if split else [tk.generate()]
             for src, spec in made:
+                spec.host = [p for p in spec.params if p in host]  # type: ignore[attr-defined]
                 if tune != "full":  # the default configuration and its first two neighbours
                     spec.candidates = [c for c in spec.candidates if c != spec.config][:2]
                 parts.append("\n" + src)
@@ -1222,7 +1232,8 @@ def wrapper_call(region: Any, args: list[str], desc: str, ops: str, device: str)
             lines.append(f"    {ws} = torch.empty(({size},), dtype={dtype}, device={device!r})"
                          "  # partial results of a split reduction")
         numels = ", ".join(spec.numels)
-        params = list(spec.params)
+        params = [f"{p}.to({device!r})" if p in getattr(spec, "host", ()) else p
+                  for p in spec.params]
         call = f"{spec.name}({numels}, {', '.join(params)})"
         lines.append(f"    {call}")
     if region.kernels:
