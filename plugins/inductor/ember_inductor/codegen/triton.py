@@ -1186,6 +1186,15 @@ def generate_triton(sched: Scheduler, dtypes: dict[str, torch.dtype],
                 if getattr(b.layout.device, "type", "cpu") == "cpu"}
         host |= {n for n, t in getattr(graph, "constants", {}).items()
                  if getattr(getattr(t, "device", None), "type", "cpu") == "cpu"}
+        for step in sched.steps:
+            for g in getattr(step, "groups", []) if isinstance(step, CppRegion) else []:
+                for m in g.members:
+                    if getattr(m.node.layout.device, "type", "cpu") == "cpu":
+                        # a value eager keeps on the CPU (a copy of a CPU constant): not a GPU
+                        # kernel's to write; the graph runs eagerly with this reason
+                        raise NotImplementedError(
+                            f"ember-inductor (Triton): {m.node.name} is computed on the CPU in "
+                            f"a {device} graph (from {', '.join(m.node.data.origins[:3])})")
     for step in sched.steps:
         if not isinstance(step, CppRegion):
             continue
