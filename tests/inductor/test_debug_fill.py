@@ -100,3 +100,12 @@ def test_inputs_in_another_layout_are_refused(fresh_cache: None) -> None:
 def test_environment_variable(py: Any) -> None:
     r = py("import ember; print(ember.config.debug_fill)", env={"EMBER_DEBUG_FILL": "1"})
     assert r.stdout.strip() == "True", r.stderr
+
+
+def test_empty_and_sparse_tensors_are_not_flagged() -> None:
+    # the strides of a tensor without elements mean nothing (OpInfo's svd#0); sparse tensors
+    # have no strided storage to fill or check (to_sparse#0)
+    debug_fill.check_strides("g", "arg0", torch.empty(0, 0), [0, 0], [1, 1])
+    sparse = torch.eye(3).to_sparse()
+    debug_fill.check_strides("g", "arg0", sparse, [3, 3], [3, 1])
+    debug_fill.check_outputs("g", [sparse], [("buf0", "kernel0")])

@@ -45,7 +45,7 @@ PATTERNS: dict[torch.dtype, tuple[torch.dtype, int]] = {
 
 def _bits(t: torch.Tensor) -> torch.Tensor | None:
     p = PATTERNS.get(t.dtype)
-    if p is None:
+    if p is None or t.layout != torch.strided:
         return None
     return t.view(p[0]) if t.dtype != p[0] else t
 
@@ -104,9 +104,13 @@ def check_strides(graph: str, name: str, t: Any, size: Sequence[int],
                   stride: Sequence[int]) -> None:
     """Raise if input ``name`` does not have the sizes and strides the graph was compiled for
     (size-1 dims aside): its kernels would index it wrongly."""
-    if not isinstance(t, torch.Tensor):
+    if not isinstance(t, torch.Tensor) or t.layout != torch.strided:
         return
-    if list(t.shape) != list(size) or any(
+    if list(t.shape) != list(size):
+        raise UnwrittenMemory(
+            f"ember-inductor debug_fill: graph {graph}: input {name} has sizes {list(t.shape)}; "
+            f"the graph was compiled for {list(size)}")
+    if t.numel() and any(
             a != b for n, a, b in zip(size, t.stride(), stride) if n != 1):
         raise UnwrittenMemory(
             f"ember-inductor debug_fill: graph {graph}: input {name} has sizes {list(t.shape)} "
