@@ -52,6 +52,16 @@ def dense_stride(size: Sequence[Any], stride: Sequence[Any]) -> list[Any]:
     return list(stride)
 
 
+def _static_strides(node: torch.fx.Node) -> list[int] | None:
+    """The strides of a node's strided tensor value when its sizes and strides are static."""
+    v = node.meta.get("val")
+    if not isinstance(v, torch.Tensor) or v.layout != torch.strided:
+        return None
+    if not all(isinstance(x, int) for x in (*v.shape, *v.stride())):
+        return None
+    return list(v.stride())
+
+
 def layout_of(t: torch.Tensor, offset: Any = 0) -> Layout:
     return Layout(tuple(to_expr(s) for s in t.shape), tuple(to_stride(s) for s in t.stride()),
                   t.dtype, t.device, offset)
@@ -303,6 +313,8 @@ class GraphLowering:
                 if isinstance(v, IRNode) and not isinstance(v, NoneValue):
                     if self.layout_plan is not None:
                         v = self._layout_output(pos, v, o.meta.get("val"))
+                    elif isinstance(v, (Pointwise, Reduction)) and _static_strides(o):
+                        v = self.realize(v, _static_strides(o))  # eager's, dense or not
                     else:
                         v = self.realize_like_meta(v, o.meta.get("val"))
                     if not (self.layout_plan is not None and pos in self.layout_plan.keep_outputs):
