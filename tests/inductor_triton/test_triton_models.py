@@ -8,7 +8,8 @@ import copy
 import pytest
 import torch
 
-from triton_util import DEVICE, assert_same, compile_triton
+import ember
+from triton_util import DEVICE, _decompositions, assert_same, compile_triton
 
 
 class MLP(torch.nn.Module):
@@ -82,3 +83,27 @@ def test_train_and_eval(name):
     ref.eval()
     with torch.no_grad():
         assert_same(compile_triton(model)(x), ref(x), atol=1e-4, rtol=1e-4)
+
+
+def test_triton_callables_are_not_recorded_into_cuda_graphs():
+    """mode="reduce-overhead" leaves inductor's Triton callables out of CUDA graphs (recording
+    them failed on the H200 and the damaged context crashed later calls): the callable says so,
+    and core's reduce-overhead path reads it."""
+    from ember_inductor import compile_inductor
+
+    seen = []
+
+    def backend(gm, example_inputs, **options):
+        fn = compile_inductor(gm, example_inputs, **options)
+        seen.append(getattr(fn, "ember_cudagraphs_refuse", None))
+        return fn
+
+    opts = {"cpu_codegen": "triton"} if DEVICE == "cpu" else {}
+    ember.register_backend("inductor_triton_refuse", backend, level="aten",
+                           decompositions=_decompositions, override=True)
+    x = torch.randn(8, 16, device=DEVICE)
+    with ember.config.patch(suppress_errors=False):
+        out = ember.compile(lambda t: torch.tanh(t) * 2, backend="inductor_triton_refuse",
+                            options=opts)(x)
+    torch.testing.assert_close(out, torch.tanh(x) * 2)
+    assert seen and all(s and "CUDA graphs" in s for s in seen)

@@ -439,13 +439,19 @@ def _reduce_overhead(fn: Callable[..., Any], gm: torch.fx.GraphModule, example: 
                      context: Any, backend: str) -> Callable[..., Any]:
     """``mode="reduce-overhead"`` (and ``"max-autotune"``, as in torch.compile): record the
     compiled callable of a graph on CUDA into CUDA graphs (ember-cudagraphs' ``wrap``); elsewhere
-    the default mode, with an info log."""
+    the default mode, with an info log. A callable whose ``ember_cudagraphs_refuse`` attribute
+    names a reason (a backend that knows its code cannot be recorded safely) runs without."""
     if getattr(fn, "_ember_cudagraphs", False) or backend == "cudagraphs":
         return fn
     gid = getattr(context, "graph_id", "?")
     if not any(isinstance(t, torch.Tensor) and t.is_cuda for t in example):
         log.info("ember: mode=%r: graph %s is not on CUDA; compiled without CUDA graphs (they "
                  "need CUDA tensors)", getattr(context, "mode", None) or "reduce-overhead", gid)
+        return fn
+    refuse = getattr(fn, "ember_cudagraphs_refuse", None)
+    if refuse:
+        log.info("ember: mode=%r: graph %s compiled without CUDA graphs: %s",
+                 getattr(context, "mode", None) or "reduce-overhead", gid, refuse)
         return fn
     try:
         import ember_cudagraphs

@@ -171,7 +171,15 @@ def load_wrapper(src: str, gm: torch.fx.GraphModule, key: str) -> Callable[..., 
     targets = [n.target for n in gm.graph.nodes if n.op == "get_attr"]
     for i, t in enumerate(targets):
         ns[f"const{i}"] = getattr(gm, t)
-    return ns["call"]
+    call = ns["call"]
+    if "load_kernels(" in src:
+        # Recording Triton launches into CUDA graphs failed on the H200 ("operation failed due
+        # to a previous error during capture": the bounds-status read syncs, tuning launches)
+        # and the damaged context crashed later calls: mode="reduce-overhead" leaves them out
+        # until their capture is safe (core reads this, aot/compile.py _reduce_overhead).
+        call.ember_cudagraphs_refuse = ("inductor's Triton kernels are not yet safe to record "
+                                        "into CUDA graphs")
+    return call
 
 
 def compile_inductor(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
