@@ -1,7 +1,7 @@
 """Ember's ``onnxrt`` backend: inference graphs run by ONNX Runtime.
 
 The ATen inference graph is translated to ONNX with onnxscript's torch_lib functions and onnx-ir
-(no ``torch.onnx``/``torch.export``), partitioned so that what ONNX Runtime cannot take runs as
+(not torch's own ONNX exporter nor its graph-export tracer), partitioned so that what ONNX Runtime cannot take runs as
 ATen between its subgraphs, and called with inputs and outputs bound to torch's memory. See
 ``backend.py`` (partitioning, frozen weights), ``translate.py`` (ATen -> ONNX) and
 ``session.py`` (sessions, cache, I/O binding); docs/backend_author_guide.md walks through it.
