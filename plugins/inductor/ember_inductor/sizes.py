@@ -81,6 +81,21 @@ def to_c(expr: Any) -> str:
     return _c(sympy.sympify(expr))
 
 
+def print_sum(e: Any, rec: Any) -> str:
+    """A sympy sum as source (``rec`` prints each term: the C++ or the Triton printer): the
+    constant last, negative terms as subtractions, parenthesized."""
+    terms = sorted(e.args, key=lambda t: (t.is_Integer, str(t)))
+    out = rec(terms[0])
+    for t in terms[1:]:
+        if t.is_Integer and int(t) < 0:
+            out += f" - {-int(t)}"
+        elif t.is_Mul and t.args[0].is_Integer and int(t.args[0]) < 0:
+            out += f" - {rec(-t)}"
+        else:
+            out += f" + {rec(t)}"
+    return f"({out})"
+
+
 def _c(e: Any) -> str:
     if e.is_Integer:
         return str(int(e))
@@ -100,16 +115,7 @@ def _c(e: Any) -> str:
             out = f"({out} {op} {b} ? {out} : {b})"
         return out
     if e.is_Add:
-        terms = sorted(e.args, key=lambda t: (t.is_Integer, str(t)))
-        out = _c(terms[0])
-        for t in terms[1:]:
-            if t.is_Integer and int(t) < 0:
-                out += f" - {-int(t)}"
-            elif t.is_Mul and t.args[0].is_Integer and int(t.args[0]) < 0:
-                out += f" - {_c(-t)}"
-            else:
-                out += f" + {_c(t)}"
-        return f"({out})"
+        return print_sum(e, _c)
     if e.is_Mul:
         parts = []
         for a in e.args:

@@ -37,7 +37,8 @@ import torch
 
 from ..ir import Reduction
 from ..scheduler import CppRegion, FusedGroup, LoopBlock, Member, Scheduler
-from ..sizes import FloorDiv, ModularIndexing, is_symbolic, product, size_hint, sym, to_py
+from ..sizes import (FloorDiv, ModularIndexing, is_symbolic, print_sum, product, size_hint, sym,
+                     to_py)
 from ..virtualized import set_ops_handler
 
 __all__ = ["generate_triton", "TritonSources", "KernelSpec", "wrapper_header", "wrapper_call"]
@@ -168,16 +169,7 @@ def _tl(e: Any) -> str:
             out = f"{f}({out}, {_tl(a)})"
         return out
     if e.is_Add:
-        terms = sorted(e.args, key=lambda t: (t.is_Integer, str(t)))
-        out = _tl(terms[0])
-        for t in terms[1:]:
-            if t.is_Integer and int(t) < 0:
-                out += f" - {-int(t)}"
-            elif t.is_Mul and t.args[0].is_Integer and int(t.args[0]) < 0:
-                out += f" - {_tl(-t)}"
-            else:
-                out += f" + {_tl(t)}"
-        return f"({out})"
+        return print_sum(e, _tl)
     if e.is_Mul:
         parts = []
         for a in e.args:
