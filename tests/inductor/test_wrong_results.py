@@ -128,3 +128,42 @@ def test_max_min_of_signed_zeros_follow_eager() -> None:
     x = torch.tensor([0.0, -0.0, 0.0, -0.0, 1.0, float("nan"), 2.0])
     y = torch.tensor([-0.0, 0.0, 0.0, -0.0, float("nan"), 1.0, -3.0])
     _same_bits(compile_strict(f)(x, y), f(x, y))
+
+
+@pytest.mark.parametrize("layout_opt", [True, False])
+def test_fallback_reads_eager_strides_on_size_one_dims(layout_opt: bool) -> None:
+    """mobilevit (held-out sweep): a 1x1 feature map stored channels-last, upsampled by an ATen
+    fallback (``interpolate``), then downsampled. The strides differed from eager's only on the
+    size-1 dims, but ATen picks its output's memory format from them: the fallback returned
+    channels-last where the graph expected contiguous, and forward and gradients were wrong."""
+    import torch.nn.functional as F
+
+    import ember
+
+    torch.manual_seed(0)
+
+    class M(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.down = torch.nn.Conv2d(16, 16, 3, stride=2, padding=1)
+            self.bn = torch.nn.BatchNorm2d(16)
+            self.proj = torch.nn.Conv2d(16, 16, 1)
+            self.fuse = torch.nn.Conv2d(32, 16, 3, padding=1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            f = F.silu(self.bn(self.down(x)))  # [2, 16, 1, 1]
+            u = F.interpolate(f, size=(2, 2), mode="bilinear", align_corners=False) * 2 + 1
+            u = F.interpolate(u, size=(1, 1), mode="bilinear", align_corners=False)
+            return self.fuse(torch.cat((f, self.proj(u)), 1))
+
+    m, x = M(), torch.randn(2, 16, 2, 2)
+    ref = m(x)
+    ref.sum().backward()
+    want = [p.grad.clone() for p in m.parameters()]
+    m.zero_grad()
+    with ember.config.patch(suppress_errors=False):
+        out = ember.compile(m, options={"layout_opt": layout_opt})(x)
+    out.sum().backward()
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    for g, p in zip(want, m.parameters()):
+        torch.testing.assert_close(p.grad, g, rtol=1e-4, atol=1e-5)

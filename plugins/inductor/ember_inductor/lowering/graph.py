@@ -463,11 +463,14 @@ class GraphLowering:
 
     def _eager_layout(self, value: Any, meta: Any) -> Any:
         """``value`` in the layout its metadata describes (a copy, made once, when the layout
-        plan stored it channels-last)."""
-        if not self.layout_plan.is_changed(value, meta):
-            return value
-        stride = tuple(dense_stride(list(meta.shape), list(meta.stride())))
-        return self.layout_plan.copy_to(self, value, stride)
+        plan stored it channels-last), with exactly its metadata's strides, size-1 dims too: ATen
+        picks an output's memory format from them (``interpolate`` of an [N, C, 1, 1] tensor with
+        channels-last strides returns channels-last: mobilevit's wrong gradients)."""
+        plan = self.layout_plan
+        if plan.is_changed(value, meta):
+            stride = tuple(dense_stride(list(meta.shape), list(meta.stride())))
+            value = plan.copy_to(self, value, stride)
+        return plan.exact_strides(value, meta)
 
     def _layout_output(self, pos: int, value: IRNode, meta: Any) -> IRNode:
         """A graph output: with eager's strides, or channels-last where the plan keeps it so
@@ -479,5 +482,4 @@ class GraphLowering:
             if isinstance(value, (Pointwise, Reduction)):
                 value = self.realize(value, list(channels_last_stride(meta.shape)))
             return plan.to_channels_last(self, value)
-        value = self._eager_layout(self.realize_like_meta(value, meta), meta)
-        return plan.exact_strides(value, meta)
+        return self._eager_layout(self.realize_like_meta(value, meta), meta)
