@@ -405,16 +405,7 @@ def _py(e: Any) -> str:
         f = "max" if isinstance(e, sympy.Max) else "min"
         return f"{f}({', '.join(_py(a) for a in e.args)})"
     if e.is_Add:
-        terms = sorted(e.args, key=lambda t: (t.is_Integer, str(t)))
-        out = _py(terms[0])
-        for t in terms[1:]:
-            if t.is_Integer and int(t) < 0:
-                out += f" - {-int(t)}"
-            elif t.is_Mul and t.args[0].is_Integer and int(t.args[0]) < 0:
-                out += f" - {_py(-t)}"
-            else:
-                out += f" + {_py(t)}"
-        return f"({out})"
+        return print_sum(e, _py)
     if e.is_Mul:
         return "*".join(_py(a) if not a.is_Add else f"{_py(a)}" for a in e.args)
     if e.is_Pow and e.exp.is_Integer and int(e.exp) > 0:

@@ -772,20 +772,25 @@ class TritonKernel:
                 self._store(m, value)
 
     # 1-D pointwise ----------------------------------------------------------------------------
-    def _pointwise_1d(self) -> tuple[str, KernelSpec]:
+    def _x_axis(self, xnumel: Any, suffix: str = "") -> None:
+        """The program's rows: ``xindex`` over ``xnumel`` (``suffix`` broadcasts it against the
+        reduction axis), its mask, and the group's outer index variables."""
         g = self.g
-        self.dim_order = ["x"]
-        self.block_mask = {"x": "xmask"}
-        xnumel = product(g.outer) if g.outer else 1
         self.line(f"xnumel = {_tl(xnumel)}")
-        wide = self._wide()
-        pid = "tl.program_id(0).to(tl.int64)" if wide else "tl.program_id(0)"
-        self.line(f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)")
+        pid = "tl.program_id(0).to(tl.int64)" if self._wide() else "tl.program_id(0)"
+        self.line(f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK){suffix}")
         self.line("xmask = xindex < xnumel")
         names = [f"x{i}" for i in range(len(g.outer))]
         self._index_vars("x", "xindex", g.outer, names)
         for nm in names:
             self.symdims[nm] = frozenset("x")
+
+    def _pointwise_1d(self) -> tuple[str, KernelSpec]:
+        g = self.g
+        self.dim_order = ["x"]
+        self.block_mask = {"x": "xmask"}
+        xnumel = product(g.outer) if g.outer else 1
+        self._x_axis(xnumel, "")
         ops = TritonOps(self)
         with set_ops_handler(ops):
             for b in g.blocks:
@@ -897,15 +902,7 @@ class TritonKernel:
         inners = [product(b.inner) for b in g.blocks if b.inner]
         persistent = self.static and max(int(n) for n in inners) <= (
             4096 if self.interpret else 1024)
-        self.line(f"xnumel = {_tl(xnumel)}")
-        wide = self._wide()
-        pid = "tl.program_id(0).to(tl.int64)" if wide else "tl.program_id(0)"
-        self.line(f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
-        self.line("xmask = xindex < xnumel")
-        names = [f"x{i}" for i in range(len(g.outer))]
-        self._index_vars("x", "xindex", g.outer, names)
-        for nm in names:
-            self.symdims[nm] = frozenset("x")
+        self._x_axis(xnumel, "[:, None]")
         if persistent:
             self.line("rbase = tl.arange(0, RBLOCK)[None, :]")
         else:
@@ -1213,7 +1210,6 @@ def generate_triton(sched: Scheduler, dtypes: dict[str, torch.dtype],
 # -- the wrapper's part ---------------------------------------------------------------------------
 
 def wrapper_header(regions: list[Any], sources: TritonSources) -> list[str]:
-    import json
     head = ["TRITON_SOURCE = r'''" + sources.source + "'''", ""]
     specs = {n: s.as_json() | {"numels": s.numels}  # type: ignore[attr-defined]
              for n, s in sources.kernels.items()}
