@@ -7,7 +7,10 @@
   ``inductor``, ``cudagraphs``) — the peer, used only here, never in product code;
 * ``...@MODE``: the same with ``mode=MODE`` (``ember-inductor@reduce-overhead``,
   ``torch-inductor@reduce-overhead``; ``ember-aot-eager@reduce-overhead`` records aot_eager's
-  graphs into CUDA graphs).
+  graphs into CUDA graphs);
+* ``ember-inductor+ISA``: Ember's inductor with its C++ built for a lower instruction set
+  (``options={"cpu_isa": ISA}``, e.g. ``ember-inductor+x86-64-v3`` for the AVX2 build on an
+  AVX-512 machine), timed beside the native build in the same run.
 
 A backend that is not installed or cannot compile is reported, never raised: ``availability``
 returns a reason string, and the runner turns exceptions into "failed: ..." rows.
@@ -30,12 +33,15 @@ __all__ = ["BACKEND_NAMES", "availability", "make_compiled", "CompileStats", "re
 #: ``onnxrt`` backend): run it with ``--mode infer``.
 BACKEND_NAMES = ("eager", "ember-eager", "ember-aot-eager", "torch-eager", "torch-aot-eager",
                  "ember-onnxrt", "ember-cudagraphs", "torch-cudagraphs",
-                 "ember-aot-eager@reduce-overhead", "ember-inductor", "torch-inductor",
+                 "ember-aot-eager@reduce-overhead", "ember-inductor", "ember-inductor+x86-64-v3",
+                 "torch-inductor",
                  "ember-inductor@reduce-overhead", "torch-inductor@reduce-overhead")
 
 
 def _family(name: str) -> tuple[str, str]:
-    name = name.partition("@")[0]
+    name, plus, _ = name.partition("@")[0].partition("+")
+    if plus and not name.startswith("ember-"):
+        raise SystemExit(f"{name!r}: a +ISA suffix is an Ember inductor option (cpu_isa)")
     if name == "eager":
         return "eager", ""
     fam, _, inner = name.partition("-")
@@ -89,6 +95,11 @@ def _mode(name: str) -> str | None:
     return name.partition("@")[2] or None
 
 
+def _isa(name: str) -> str | None:
+    """The ``+ISA`` suffix of an Ember backend name (``ember-inductor+x86-64-v3``), if any."""
+    return name.partition("@")[0].partition("+")[2] or None
+
+
 def make_compiled(name: str, fn: Any) -> Any:
     """Wrap ``fn`` (a module or function) for backend ``name``; compilation itself is lazy."""
     fam, inner = _family(name)
@@ -98,7 +109,9 @@ def make_compiled(name: str, fn: Any) -> Any:
     if fam == "ember":
         import ember
 
-        return ember.compile(fn, backend=inner, mode=mode)
+        isa = _isa(name)
+        options = {"cpu_isa": isa} if isa else None
+        return ember.compile(fn, backend=inner, mode=mode, options=options)
     if mode is not None:
         return torch.compile(fn, backend=inner, mode=mode)
     return torch.compile(fn, backend=inner)

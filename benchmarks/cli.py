@@ -86,6 +86,14 @@ def _parser() -> argparse.ArgumentParser:
     dd.add_argument("--bucket-cap-mb", type=float, default=4.0)
     dd.add_argument("--out", type=Path, default=None, help="write ddp-<model>.{md,json} here")
 
+    sm = sub.add_parser("summary", help="one markdown table per Ember build from an inference "
+                                        "and a training report: speedups beside torch.compile's, "
+                                        "ratios, geometric means, models below a floor")
+    sm.add_argument("infer", type=Path, help="inference result, e.g. docs/benchmarks/cpu-infer-wide.json")
+    sm.add_argument("train", type=Path, nargs="?", default=None, help="training result")
+    sm.add_argument("--peer", default="torch-inductor")
+    sm.add_argument("--floor", type=float, default=0.95)
+
     rd = sub.add_parser("render", help="re-render reports (md, csv, png, docs/benchmarks.md "
                                        "section) from saved {stem}.json files")
     rd.add_argument("json", nargs="+", type=Path,
@@ -109,6 +117,11 @@ def main(argv: list[str] | None = None) -> int:
         print()
         for b in BACKEND_NAMES:
             print(f"{b:18} {availability(b) or 'available'}")
+        return 0
+    if args.cmd == "summary":
+        from .summary import summarize
+
+        print(summarize(args.infer, args.train, peer=args.peer, floor=args.floor), end="")
         return 0
     if args.cmd == "render":
         import json

@@ -98,3 +98,45 @@ def test_append_merges_by_model_and_backend() -> None:
     got = [(r["model"], r["backend"]) for r in merge_results(old, new)["rows"]]
     assert got == [("mlp", "eager"), ("mlp", "ember-inductor"), ("mlp", "torch-inductor"),
                    ("gpt2", "eager"), ("gpt2", "ember-inductor"), ("gpt2", "torch-inductor")]
+
+
+def test_isa_suffix_builds_for_that_isa(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ember-inductor+x86-64-v3`` is Ember's inductor with ``options={"cpu_isa": ...}``."""
+    import ember
+
+    from benchmarks import backends
+
+    seen: list[dict] = []
+    monkeypatch.setattr(ember, "compile", lambda fn, **kw: seen.append(kw) or fn)
+    assert backends._family("ember-inductor+x86-64-v3") == ("ember", "inductor")
+    backends.make_compiled("ember-inductor+x86-64-v3", lambda x: x)
+    backends.make_compiled("ember-inductor", lambda x: x)
+    assert seen[0]["options"] == {"cpu_isa": "x86-64-v3"} and seen[0]["backend"] == "inductor"
+    assert seen[1]["options"] is None
+    with pytest.raises(SystemExit, match="cpu_isa"):
+        backends.make_compiled("torch-inductor+x86-64-v3", lambda x: x)
+
+
+def test_summary_pairs_each_ember_build_with_the_peer(tmp_path: Path) -> None:
+    import json
+
+    from benchmarks.summary import summarize
+
+    def row(model: str, backend: str, ms: float, acc: str = "pass") -> dict:
+        return {"model": model, "backend": backend, "status": "ok", "accuracy": acc,
+                "median_ms": ms, "speedup": 10.0 / ms, "cold_compile_s": 1.0,
+                "warm_compile_s": None}
+
+    rows = [row("a", "eager", 10), row("a", "ember-inductor", 5), row("a", "torch-inductor", 8),
+            row("a", "ember-inductor+x86-64-v3", 20),
+            row("b", "eager", 10), row("b", "ember-inductor", 10, "FAIL"),
+            row("b", "torch-inductor", 10), row("b", "ember-inductor+x86-64-v3", 10)]
+    res = {"rows": rows, "commands": ["python -m benchmarks run"], "machine": {"cpu": "X"}}
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps(res))
+    md = summarize(p, None)
+    assert "**ember-inductor** against **torch-inductor**" in md
+    assert "| a | 10.00 | 2.00× | 1.25× | 1.60 |" in md
+    assert "| b | 10.00 | — (ok) | 1.00× | — |" in md  # a failed accuracy does not count
+    assert "| **geomean** | | **2.00×** | **1.25×** | **1.60** |" in md
+    assert "Below 0.95× eager: a inference 0.50×." in md  # the AVX2 build's slow model
