@@ -8,6 +8,7 @@ One architecture or two per family (``CI_SAMPLE``), chosen to stay within CI's t
 corpus and the held-out architectures run as a script, with their table in docs/inductor.md::
 
     python -m tests.hf.test_inductor_train            # every corpus architecture, a table
+    python -m tests.hf.test_inductor_train --eval     # the same in eval mode (inference)
     EMBER_DEBUG_FILL=1 python -m tests.hf.sweep_heldout run --train inductor   # held-out ones
 """
 
@@ -30,11 +31,11 @@ CI_SAMPLE = ("gpt2", "llama", "gemma2", "bert", "deberta-v2", "t5", "bart", "vit
              "convnext", "resnet", "swin", "wav2vec2", "whisper", "clip", "mixtral", "mamba")
 
 
-def run(name: str) -> harness.Result:
+def run(name: str, mode: str = "train") -> harness.Result:
     import ember
 
     with ember.config.patch(debug_fill=True):
-        return harness.run_ember(name, "train", "inductor")
+        return harness.run_ember(name, mode, "inductor")
 
 
 def _check(r: harness.Result) -> None:
@@ -55,15 +56,16 @@ def test_inductor_train(name: str) -> None:
     _check(run(name))
 
 
-def main(names: list[str]) -> int:
-    """Every corpus architecture (or ``names``): one row each, and the count of failures."""
+def main(names: list[str], mode: str = "train") -> int:
+    """Every corpus architecture (or ``names``) in ``mode``: one row each, and the count of
+    failures."""
     bad = 0
     print("| model | family | graphs | fallbacks | result | seconds |")
     print("| --- | --- | ---: | ---: | --- | ---: |")
     for name in names or list(models.SPECS):
         t0 = time.perf_counter()
         try:
-            r = run(name)
+            r = run(name, mode)
             verdict = r.error or ("fallback: " + "; ".join(r.fallback_reasons)[:120]
                                   if r.fallbacks else r.accuracy)
             ok = r.ok
@@ -80,4 +82,6 @@ if __name__ == "__main__":
     import warnings
 
     warnings.filterwarnings("ignore")
-    sys.exit(1 if main(sys.argv[1:]) else 0)
+    args = sys.argv[1:]
+    mode = "eval" if "--eval" in args else "train"
+    sys.exit(1 if main([a for a in args if a != "--eval"], mode) else 0)
