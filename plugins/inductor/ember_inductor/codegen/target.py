@@ -51,6 +51,15 @@ class Target:
         """Extra keyword arguments of the wrapper's ``torch.empty_strided`` calls."""
         return "" if self.device == "cpu" else f", device={self.device!r}"
 
+    def keeps_buffers(self) -> bool:
+        """Whether the wrapper keeps its internal buffers between calls (runtime/pool.py).
+        On the CPU a fresh large buffer pays a page fault per page on first touch, which a kept
+        one does not. On a GPU the caching allocator already reuses blocks without that cost,
+        and a kept buffer is memory held outside any CUDA graph's pool: a recorded graph
+        would write it after the pool let it go (a new size drops the old buffers), and it
+        adds to the peak memory between calls. Off there."""
+        return self.device == "cpu"
+
 
 class CppTarget(Target):
     """C++ with OpenMP through gcc (codegen/cpp.py, runtime/cache.py)."""

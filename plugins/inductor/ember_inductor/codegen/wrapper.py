@@ -354,7 +354,7 @@ class WrapperWriter:
         buffer that shares its storage (one that took it over, an ATen result that aliases it)
         is a graph output, and no in-place ATen op reads any of them."""
         g, s = self.g, self.s
-        if not self.options.get("buffer_pool", True):
+        if not self.options.get("buffer_pool", True) or not self.target.keeps_buffers():
             return {}, []
         roots = [n for st in s.steps if isinstance(st, CppRegion) for n in st.writes
                  if n not in reuse and n not in s.output_names]
