@@ -11,7 +11,9 @@
 #      (torch.cuda.max_memory_allocated), tables in $OUT/bench/: A = the CUDA-graph backends
 #      (ember-cudagraphs, torch.compile(backend="cudagraphs"), ember-aot-eager@reduce-overhead),
 #      B = ember-inductor@reduce-overhead vs torch-inductor@reduce-overhead.
-#   bash scripts/gpu_cudagraphs.sh [tests|bench|all]
+#   4. crash.txt (only with the argument `crash`): scripts/gpu_cudagraphs_crash.py, the training
+#      crash of docs/cudagraphs.md bisected by backend combination, one process each.
+#   bash scripts/gpu_cudagraphs.sh [tests|bench|all|crash]
 set -uo pipefail
 OUT="${OUT:-$PWD/gpu_out}"; mkdir -p "$OUT"
 what="${1:-all}"
@@ -71,5 +73,8 @@ PY
     grep -E "ms|rc=|failed|skipped" "$OUT/bench-$1-$2.log" | tail -12
   done
   ls "$OUT/bench" 2>/dev/null
+fi
+if [ "$what" = crash ]; then
+  timeout 300 python3 scripts/gpu_cudagraphs_crash.py 2>&1 | tee "$OUT/crash.txt"
 fi
 exit $rc
