@@ -85,7 +85,7 @@ for name, (fn, make) in sorted(GRAPHS.items()):
         f = getattr(mod, kname)
         ck = triton.compile(rt._ast_source(f, spec, cfg), target=GPUTarget("cuda", 90, 32),
                             options=rt._options(cfg))
-        key = rt._entry_key(source, kname, cfg)
+        key = rt._entry_key(source, spec, cfg)
         rt._store_binary(ck, key)
         before = dict(rt.counters)
         back = rt._load_binary(f, spec, cfg, key)
@@ -109,10 +109,27 @@ items = [(spec, spec["config"]) for spec in kernels.values()]
 before = dict(rt.counters)
 out["pool_built"] = rt.prebuild(source, items, target=("cuda", 90, 32))
 out["pool_loaded"] = all(rt._load_binary(getattr(mod, s["name"]), s, c,
-                                         rt._entry_key(source, s["name"], c)) is not None
+                                         rt._entry_key(source, s, c)) is not None
                          for s, c in items)
 out["pool_no_compile_here"] = rt.counters["compiles"] == before["compiles"]
 out["pool_kernels"] = len(items)
+# the workers run Triton without torch (start-up in tens of ms, not seconds)
+w = rt._procs[0]
+w.stdin.write(json.dumps({"path": str(rt._module_path(source)), "name": items[0][0]["name"],
+                          "spec": items[0][0], "config": items[0][1], "target": ["cuda", 90, 32],
+                          "entry": str(rt._entry_dir(rt._entry_key(source, *items[0])))}) + "\n")
+w.stdin.flush()
+out["worker_reply"] = json.loads(w.stdout.readline())
+# kernels identical but for names (one per layer) share one binary: built once
+gm = make_fx(lambda x, w: torch.tanh(torch.tanh(x @ w) @ w),
+             decomposition_table=decompositions())(torch.randn(8, 8), torch.randn(8, 8))
+src, _ = generate_source(gm, key="gpu-twins", options={"cpu_codegen": "triton"})
+ns = {}
+exec(src.split("_k = load_kernels")[0].split("CONSTANTS", 1)[1].split("\n", 1)[1], ns)
+source, kernels = ns["TRITON_SOURCE"], ns["KERNELS"]
+items = [(spec, spec["config"]) for spec in kernels.values()]
+out["twins"] = [len(items), len({rt._entry_key(source, *it) for it in items}),
+                rt.prebuild(source, items * 2, target=("cuda", 90, 32))]
 print("RESULT " + json.dumps(out))
 """
 
@@ -137,3 +154,6 @@ def test_kernels_compile_for_gpu_and_cache_roundtrip(tmp_path, py):
     # built by worker processes, loaded here without compiling
     assert out["pool_built"] == out["pool_kernels"] >= 2, out
     assert out["pool_loaded"] and out["pool_no_compile_here"], out
+    assert out["worker_reply"] == {"ok": "hit", "torch": False}, out
+    # two tanh kernels, one binary; below POOL_MIN_KERNELS=1 the pool builds it once
+    assert out["twins"] == [2, 1, 1], out

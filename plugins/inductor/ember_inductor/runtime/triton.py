@@ -3,13 +3,16 @@ choices on disk, launch without Triton's per-call dispatch.
 
 * :func:`load_kernels` (called once when a wrapper is loaded) imports the graph's kernel module
   (written once into the cache, content-addressed, so Triton can read its source) and returns one
-  :class:`Launcher` per kernel. On a GPU the kernels are compiled ahead (a thread pool,
-  ``EMBER_TRITON_COMPILE_THREADS``, default 1), with
-  Triton's compile API (``triton.compile(ASTSource(...))``), each with its cached tuning choice
-  or its default configuration.
+  :class:`Launcher` per kernel. On a GPU every binary the first call needs (each kernel's
+  cached tuning choice, or its default configuration and its tuning candidates) is compiled
+  ahead, at once, in worker processes (:mod:`.triton_worker`: Triton without torch, one job at
+  a time each, ``EMBER_TRITON_COMPILE_WORKERS``, default the CPU count up to 16), with Triton's
+  compile API (``triton.compile(ASTSource(...))``); this process then loads them from the cache.
+  Kernels identical but for their names (a model's repeated layers) share one binary and one
+  tuning (:func:`_canonical`).
 * Binaries: each compiled kernel's files (cubin and metadata) are copied into
-  ``<cache>/triton/<k[:2]>/<k>/`` with a manifest of their sha256 written last; ``k`` hashes the
-  module source, the kernel, its configuration and the machine (GPU name and capability, CUDA
+  ``<cache>/triton/bin/<k[:2]>/<k>/`` with a manifest of their sha256 written last; ``k`` hashes
+  the kernel's canonical text and parameter types, its configuration and the machine (GPU name and capability, CUDA
   driver, torch and Triton versions). A warm start rebuilds the ``CompiledKernel`` from those
   files: no Triton compilation. Entries are published by an atomic rename; a corrupt one is
   rebuilt. Nothing is pickled.
@@ -33,9 +36,8 @@ import json
 import logging
 import os
 import pathlib
-import shutil
+import re
 import sys
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -44,12 +46,16 @@ from typing import Any, Sequence
 from ember import _store
 
 from .triton_math import interpreting
+from .triton_worker import FORMAT_VERSION
+from .triton_worker import ast_source as _ast_source
+from .triton_worker import compile_kernel, store_binary, worker_command
+from .triton_worker import options as _options
+from .triton_worker import sha as _sha
 
 __all__ = ["load_kernels", "Launcher", "counters", "machine_key"]
 
 log = logging.getLogger("ember.inductor.triton")
 
-FORMAT_VERSION = 1
 
 #: what this process did: ``compiles`` (triton.compile runs), ``disk_hits`` (binaries loaded from
 #: Ember's cache), ``tuned`` (kernels tuned by timing), ``tune_hits`` (choices read from the
@@ -110,17 +116,64 @@ def machine_key() -> str:
     return "\n".join(parts)
 
 
-def _entry_key(source: str, name: str, config: dict[str, int]) -> str:
+@functools.lru_cache(maxsize=64)
+def _canonical(source: str) -> dict[str, str]:
+    """Each kernel of the module ``source`` -> a digest of what decides its binary: its text
+    with its name and parameters renamed by position and comment lines dropped, and the
+    module's imports and helpers (functions named ``_*``). Kernels that differ only in names
+    (a GELU in each of a model's layers) share one binary, one compile and one tuning.
+    Text, not an AST: a warm start computes this for every graph (a few ms, not 100s)."""
+    base = hashlib.sha256()
+    out: dict[str, str] = {}
+    kernels = []
+    for chunk in source.split("\n@triton.jit\n"):
+        m = _DEF.match(chunk)
+        if m is None or m.group(1).startswith("_"):
+            base.update(chunk.encode())
+            base.update(b"\0")
+        else:
+            kernels.append((m, chunk))
+    head = base.hexdigest()
+    for m, chunk in kernels:
+        params = [p.split(":")[0].strip() for p in m.group(2).split(",")]
+        index = {p: f"_p{i}" for i, p in enumerate(params) if p}
+        rename = re.compile(r"\b(" + "|".join(map(re.escape, index)) + r")\b") if index else None
+        lines = [ln for ln in chunk[m.end():].split("\n")
+                 if ln.strip() and not ln.lstrip().startswith("#")]
+        body = "\n".join(lines)
+        sig = m.group(2)
+        if rename is not None:
+            body = rename.sub(lambda x: index[x.group(0)], body)
+            sig = rename.sub(lambda x: index[x.group(0)], sig)
+        out[m.group(1)] = hashlib.sha256(f"{head}\0{sig}\0{body}".encode()).hexdigest()
+    return out
+
+
+_DEF = re.compile(r"def (\w+)\(([^)]*)\):")
+
+
+def _kernel_id(source: str, spec: dict[str, Any]) -> str:
+    """The kernel's canonical digest (:func:`_canonical`) with its parameters' types."""
+    name = spec["name"]
+    try:
+        body = _canonical(source)[name]
+    except KeyError:
+        body = hashlib.sha256(f"{source}\0{name}".encode()).hexdigest()
+    return f"{body}\0{spec.get('signature')}\0{spec.get('grid')}"
+
+
+def _entry_key(source: str, spec: dict[str, Any], config: dict[str, int]) -> str:
     h = hashlib.sha256()
-    for part in (machine_key(), source, name, json.dumps(config, sort_keys=True)):
+    for part in (machine_key(), _kernel_id(source, spec), json.dumps(config, sort_keys=True)):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()
 
 
-def _tune_key(source: str, name: str, sizes: Sequence[Any]) -> str:
+def _tune_key(source: str, spec: dict[str, Any], sizes: Sequence[Any]) -> str:
     h = hashlib.sha256()
-    for part in (machine_key(), source, name, repr(list(sizes))):
+    for part in (machine_key(), _kernel_id(source, spec),
+                 json.dumps(spec.get("candidates"), sort_keys=True), repr(list(sizes))):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()
@@ -144,46 +197,17 @@ def _tune_enabled() -> bool:
 
 # -- building ---------------------------------------------------------------------------------
 
-def _ast_source(fn: Any, spec: dict[str, Any], config: dict[str, int]) -> Any:
-    from triton.compiler import ASTSource
-
-    signature = {p: t for p, t in zip(spec["params"], spec["signature"])}
-    consts = {k: v for k, v in config.items() if k not in ("num_warps", "num_stages")}
-    for k in consts:
-        signature[k] = "constexpr"
-    # every pointer is 16-byte aligned (the launcher checks the graph's inputs each call)
-    attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(spec["signature"])
-             if t.startswith("*")}
-    return ASTSource(fn, signature, constexprs=consts, attrs=attrs)
-
-
-def _options(config: dict[str, int]) -> dict[str, int]:
-    # fp fusion (a*b+c as one FMA) as Triton's default and nvcc's for eager's CUDA kernels;
-    # explicit, as Triton 3.9 warns that its default will change
-    return {"num_warps": int(config.get("num_warps", 4)),
-            "num_stages": int(config.get("num_stages", 1)), "enable_fp_fusion": True}
-
-
 def _compile(fn: Any, spec: dict[str, Any], config: dict[str, int]) -> Any:
-    import triton
-
     counters["compiles"] += 1
-    src = _ast_source(fn, spec, config)
-    try:
-        return triton.compile(src, options=_options(config))
-    except (TypeError, KeyError, AssertionError) as e:
-        # another Triton's form of the alignment attributes: compile without them
-        log.debug("triton.compile with alignment attributes failed (%s); without them", e)
-        src.attrs = {}
-        return triton.compile(src, options=_options(config))
+    return compile_kernel(fn, spec, config)
 
 
 def _entry_dir(key: str) -> pathlib.Path:
     return _store.cache_dir() / "triton" / "bin" / key[:2] / key
 
 
-def _sha(path: pathlib.Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+#: binaries loaded in this process, by entry key (kernels identical but for names share one)
+_loaded: dict[str, Any] = {}
 
 
 def _load_binary(fn: Any, spec: dict[str, Any], config: dict[str, int], key: str) -> Any:
@@ -211,36 +235,14 @@ def _load_binary(fn: Any, spec: dict[str, Any], config: dict[str, int], key: str
 
 
 def _store_binary(ck: Any, key: str) -> None:
-    """Copy ``ck``'s files (binary, metadata) into Ember's cache; publish by renaming the
-    folder (a concurrent writer of the same key wrote the same content: theirs stays)."""
-    d = _entry_dir(key)
-    if (d / "manifest.json").exists():
-        return
-    group = getattr(ck, "metadata_group", None) or {}
-    if not group:
-        return
-    d.parent.mkdir(parents=True, exist_ok=True)
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{key}.", dir=d.parent))
-    try:
-        files = {}
-        for fname, p in group.items():
-            shutil.copyfile(p, tmp / fname)
-            files[fname] = _sha(tmp / fname)
-        _store.atomic_write(tmp / "manifest.json", json.dumps(
-            {"format": FORMAT_VERSION, "hash": ck.hash, "files": files}).encode())
-        if d.exists():  # an incomplete or corrupt entry: replace it
-            shutil.rmtree(d, ignore_errors=True)
-        try:
-            os.rename(tmp, d)
-        except OSError:
-            pass  # another process published it first
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    store_binary(ck, _entry_dir(key))
 
 
 def _build(source: str, fn: Any, spec: dict[str, Any], config: dict[str, int]) -> Any:
-    key = _entry_key(source, spec["name"], config)
+    key = _entry_key(source, spec, config)
+    ck = _loaded.get(key)
+    if ck is not None:
+        return ck
     ck = _load_binary(fn, spec, config, key)
     if ck is None:
         ck = _compile(fn, spec, config)
@@ -248,67 +250,40 @@ def _build(source: str, fn: Any, spec: dict[str, Any], config: dict[str, int]) -
             _store_binary(ck, key)
         except OSError as e:
             log.warning("cannot store Triton binary in Ember's cache: %s", e)
+    _loaded[key] = ck
     return ck
 
 
 # -- building in worker processes -------------------------------------------------------------
 
-#: a graph with at least this many kernels to compile builds them in worker processes
-POOL_MIN_KERNELS = 4
+#: a graph with at least this many binaries to compile builds them in worker processes
+POOL_MIN_KERNELS = 3
 _procs: list[Any] = []
 
 
 def _workers_started(n: int) -> list[Any]:
-    """``n`` live worker processes (``python -m ember_inductor.runtime.triton_worker``), started
-    on first use and kept for the process's life (they exit when their stdin closes)."""
+    """``n`` live worker processes (:mod:`.triton_worker`: Triton without torch), started on
+    first use and kept for the process's life (they exit when their stdin closes)."""
     import subprocess
 
     _procs[:] = [p for p in _procs if p.poll() is None]
     while len(_procs) < n:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        env.pop("TRITON_INTERPRET", None)
         _procs.append(subprocess.Popen(
-            [sys.executable, "-m", "ember_inductor.runtime.triton_worker"], env=env,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            text=True, bufsize=1))
+            worker_command(), env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, text=True, bufsize=1))
     return _procs[:n]
 
 
 def _pool_workers() -> int:
+    """``EMBER_TRITON_COMPILE_WORKERS`` (default: the CPU count, at most 16; 0: no pool)."""
     try:
         return int(os.environ.get("EMBER_TRITON_COMPILE_WORKERS",
-                                  str(min(8, os.cpu_count() or 1))))
+                                  str(min(16, os.cpu_count() or 1))))
     except ValueError:
         return 1
-
-
-def _worker_build(path: str, name: str, spec: dict[str, Any], config: dict[str, int],
-                  target: tuple[str, int, int], key: str, cache_dir: str) -> str:
-    """In a worker process: compile one kernel for ``target`` and publish its files in Ember's
-    cache under ``key`` (the parent then loads them: nothing crosses the process boundary but
-    these arguments and a word). Needs no GPU."""
-    os.environ["EMBER_CACHE_DIR"] = cache_dir
-    if (_entry_dir(key) / "manifest.json").exists():
-        return "hit"
-    import triton
-    from triton.backends.compiler import GPUTarget
-
-    modname = f"ember_triton_w_{pathlib.Path(path).stem[:17]}"
-    mod = sys.modules.get(modname)
-    if mod is None:
-        spec_ = importlib.util.spec_from_file_location(modname, path)
-        assert spec_ is not None and spec_.loader is not None
-        mod = importlib.util.module_from_spec(spec_)
-        sys.modules[modname] = mod
-        spec_.loader.exec_module(mod)
-    src = _ast_source(getattr(mod, name), spec, config)
-    try:
-        ck = triton.compile(src, target=GPUTarget(*target), options=_options(config))
-    except (TypeError, KeyError, AssertionError):
-        src.attrs = {}
-        ck = triton.compile(src, target=GPUTarget(*target), options=_options(config))
-    _store_binary(ck, key)
-    return "built"
 
 
 def _current_target() -> tuple[str, int, int]:
@@ -320,60 +295,65 @@ def _current_target() -> tuple[str, int, int]:
 
 def prebuild(source: str, items: Sequence[tuple[dict[str, Any], dict[str, int]]],
              target: tuple[str, int, int] | None = None) -> int:
-    """Compile, in worker processes (:mod:`.triton_worker`), the binaries of ``items`` (kernel spec,
-    configuration) that Ember's cache lacks, when there are at least :data:`POOL_MIN_KERNELS`
-    of them (``EMBER_TRITON_COMPILE_WORKERS`` processes; 0 turns the pool off). Returns how many
-    were built there; a failure only logs (the kernel is then compiled in this process)."""
+    """Compile, in worker processes (:mod:`.triton_worker`), the binaries of ``items`` (kernel
+    spec, configuration) that Ember's cache lacks (once per entry key: kernels identical but for
+    names are built once), when there are at least :data:`POOL_MIN_KERNELS` of them
+    (``EMBER_TRITON_COMPILE_WORKERS`` processes; 0 turns the pool off). Each worker takes the
+    next job when it finishes one. Returns how many were built there; a failure only logs (the
+    kernel is then compiled in this process)."""
+    import queue
+
     workers = _pool_workers()
-    missing = []
+    missing: dict[str, tuple[dict[str, Any], dict[str, int]]] = {}
     for spec, config in items:
-        key = _entry_key(source, spec["name"], config)
-        if not (_entry_dir(key) / "manifest.json").exists() and (spec["name"], key) not in [
-                (m[0]["name"], m[2]) for m in missing]:
-            missing.append((spec, config, key))
+        key = _entry_key(source, spec, config)
+        if key not in missing and key not in _loaded and not (
+                _entry_dir(key) / "manifest.json").exists():
+            missing[key] = (spec, config)
     if workers < 1 or len(missing) < POOL_MIN_KERNELS:
         return 0
     path = _module_path(source)
     _module(source)  # written (and imported here too)
     t0 = time.perf_counter()
     target = target or _current_target()
-    jobs = [json.dumps({"path": str(path), "name": spec["name"], "spec": spec, "config": config,
-                        "target": list(target), "key": key,
-                        "cache_dir": str(_store.cache_dir())})
-            for spec, config, key in missing]
+    jobs: Any = queue.Queue()
+    for key, (spec, config) in missing.items():
+        jobs.put(json.dumps({"path": str(path), "name": spec["name"], "spec": spec,
+                             "config": config, "target": list(target),
+                             "entry": str(_entry_dir(key))}))
     with _lock:
-        procs = _workers_started(min(workers, len(jobs)))
-    # round-robin: each worker gets its share on stdin, answers one line per job
-    shares: list[list[str]] = [[] for _ in procs]
-    for i, job in enumerate(jobs):
-        shares[i % len(procs)].append(job)
-    built = 0
-    for proc, share in zip(procs, shares):
-        try:
-            assert proc.stdin is not None
-            proc.stdin.write("".join(j + "\n" for j in share))
-            proc.stdin.flush()
-        except OSError as e:
-            log.warning("a Triton compile worker is gone (%s); compiling in-process", e)
-            share.clear()
-    for proc, share in zip(procs, shares):
-        for _ in share:
-            line = ""
+        procs = _workers_started(min(workers, len(missing)))
+    results: list[dict[str, Any]] = []
+
+    def serve(proc: Any) -> None:
+        while True:
             try:
-                assert proc.stdout is not None
+                job = jobs.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                assert proc.stdin is not None and proc.stdout is not None
+                proc.stdin.write(job + "\n")
+                proc.stdin.flush()
                 line = proc.stdout.readline()
-                r = json.loads(line) if line else {"error": "worker exited"}
-            except (OSError, ValueError) as e:
-                r = {"error": str(e)}
-            if r.get("ok") == "built":
-                built += 1
-            elif "error" in r:
-                log.warning("a Triton compile worker failed (%s); compiling in-process",
-                            r["error"][:300])
+                results.append(json.loads(line) if line else {"error": "worker exited"})
                 if not line:
-                    break
+                    return
+            except (OSError, ValueError) as e:
+                results.append({"error": f"{type(e).__name__}: {e}"})
+                return
+    threads = [threading.Thread(target=serve, args=(p,), daemon=True) for p in procs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    built = sum(1 for r in results if r.get("ok") == "built")
+    for r in results:
+        if "error" in r:
+            log.warning("a Triton compile worker failed (%s); compiling in-process",
+                        r["error"][:300])
     counters["pool_builds"] = counters.get("pool_builds", 0) + built
-    log.debug("built %d Triton kernels in %d worker processes in %.2fs", built, workers,
+    log.debug("built %d Triton binaries in %d worker processes in %.2fs", built, len(procs),
               time.perf_counter() - t0)
     return built
 
@@ -398,12 +378,7 @@ def _fast_path(ck: Any) -> Any:
         return None
     ok = params[:len(_FAST_PARAMS)] == _FAST_PARAMS
     if not ok:
-        try:
-            runner = inspect.getsource(type(ck).__getitem__)
-        except (OSError, TypeError):
-            runner = ""
-        ok = ("self.run(grid[0], grid[1], grid[2], stream, self.function, "
-              "self.packed_metadata" in " ".join(runner.split()))
+        ok = _runner_passes_positionally(type(ck))
     if not ok:
         return None
     try:
@@ -417,6 +392,18 @@ def _fast_path(ck: Any) -> Any:
     except (ImportError, AttributeError):
         pass
     return run
+
+
+@functools.lru_cache(None)
+def _runner_passes_positionally(cls: type) -> bool:
+    """Whether ``CompiledKernel.__getitem__``'s runner passes the launcher what this module
+    does (read once per process: reading a source costs milliseconds)."""
+    try:
+        runner = inspect.getsource(cls.__getitem__)
+    except (OSError, TypeError):
+        runner = ""
+    return ("self.run(grid[0], grid[1], grid[2], stream, self.function, "
+            "self.packed_metadata" in " ".join(runner.split()))
 
 
 def _stream(device_index: int) -> int:
@@ -565,7 +552,7 @@ class Launcher:
 
         try:
             cands = [c for c in self.spec.get("candidates", [])]
-            tkey = _tune_key(self.source, self.name, numels)
+            tkey = _tune_key(self.source, self.spec, numels)
             choice = get_text("triton-tune", tkey) if cands else None
             if choice is not None:
                 counters["tune_hits"] += 1
@@ -658,19 +645,33 @@ def load_kernels(source: str, specs: dict[str, dict[str, Any]]) -> dict[str, Lau
     dev = torch.cuda.current_device() if torch.cuda.is_available() else 0
     for ln in launchers.values():
         ln._device = dev
-    todo = []
+    todo = []  # (launcher, configuration): built ahead
+    tuned_later = []  # tuned at their first launch: their candidates are compiled ahead
+    tune = _tune_enabled()
     for ln in launchers.values():
-        if not ln.spec.get("candidates"):
+        if not ln.spec.get("candidates") or not tune:
             todo.append((ln, None))
             continue
         try:  # static sizes: the tuning choice of an earlier run, if any
             numels = [int(n) for n in ln.spec["numels"]]
         except ValueError:
+            tuned_later.append(ln)
             continue
-        choice = get_text("triton-tune", _tune_key(source, ln.name, numels))
+        choice = get_text("triton-tune", _tune_key(source, ln.spec, numels))
         if choice is not None:
             counters["tune_hits"] += 1
             todo.append((ln, json.loads(choice)))
+        else:
+            tuned_later.append(ln)
+    # every binary this graph's first call needs, compiled at once across worker processes:
+    # the ahead builds below and the first launches' tunings then load them from the cache
+    items = [(ln.spec, cfg if cfg is not None else ln.config) for ln, cfg in todo]
+    items += [(ln.spec, c) for ln in tuned_later for c in [ln.config] + ln.spec["candidates"]]
+    if items:
+        try:
+            prebuild(source, items)
+        except Exception as e:  # noqa: BLE001 - the in-process builds still run
+            log.warning("Triton compile pool unavailable (%s: %s)", type(e).__name__, e)
 
     def ahead(item: tuple[Launcher, Any]) -> None:
         ln, config = item
@@ -682,11 +683,6 @@ def load_kernels(source: str, specs: dict[str, dict[str, Any]]) -> dict[str, Lau
                         type(e).__name__, e)
     if todo:
         t0 = time.perf_counter()
-        try:
-            prebuild(source, [(ln.spec, cfg if cfg is not None else ln.config)
-                              for ln, cfg in todo])
-        except Exception as e:  # noqa: BLE001 - the in-process build below still runs
-            log.warning("Triton compile pool unavailable (%s: %s)", type(e).__name__, e)
         with ThreadPoolExecutor(max_workers=_workers(len(todo))) as pool:
             list(pool.map(ahead, todo))
         log.debug("built %d Triton kernels ahead in %.2fs", len(todo), time.perf_counter() - t0)
