@@ -58,9 +58,11 @@ def fill(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def empty(size: Sequence[int], stride: Sequence[int], *, dtype: torch.dtype) -> torch.Tensor:
-    """``torch.empty_strided`` filled with the pattern (the wrapper's ``_empty``)."""
-    return fill(torch.empty_strided(size, stride, dtype=dtype))
+def empty(size: Sequence[int], stride: Sequence[int], *, dtype: torch.dtype,
+          device: Any = None) -> torch.Tensor:
+    """``torch.empty_strided`` filled with the pattern (the wrapper's ``_empty``; a GPU
+    target's wrapper passes ``device``)."""
+    return fill(torch.empty_strided(size, stride, dtype=dtype, device=device))
 
 
 def fill_all(buffers: Sequence[torch.Tensor]) -> None:
