@@ -232,3 +232,24 @@ def test_split_reductions(monkeypatch):
     x = t(3000, 3) * 0.1 + 1
     m = t(3000, 3) > -3
     assert_same(compile_triton(fn)(x, m), fn(x, m), atol=1e-4, rtol=1e-4)
+
+
+def test_repeated_layers_share_one_kernel_definition():
+    """Layers identical but for their buffers: one kernel in the module, called once per layer
+    with that layer's arguments (codegen/triton.py ``_canonical_kernel``)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from ember_inductor.compile_fx import generate_source
+    from ember_inductor.decompositions import decompositions
+
+    def f(x, w1, w2, w3):
+        h = torch.nn.functional.gelu(x @ w1)
+        h = torch.nn.functional.gelu(h @ w2)
+        return torch.nn.functional.gelu(h @ w3) * 2
+
+    args = [t(8, 16)] + [t(16, 16) for _ in range(3)]
+    gm = make_fx(f, decomposition_table=decompositions())(*[a.cpu() for a in args])
+    src, _ = generate_source(gm, key="twins", options={"cpu_codegen": "triton"})
+    kernel_defs = src.count("@triton.jit\ndef kernel")
+    assert kernel_defs == 2, src  # two gelus share one kernel; the last one also scales
+    assert_same(compile_triton(f)(*args), f(*args))

@@ -1166,6 +1166,7 @@ def generate_triton(sched: Scheduler, dtypes: dict[str, torch.dtype],
         interpret = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
     parts = [PRELUDE]
     kernels: dict[str, KernelSpec] = {}
+    seen: dict[str, KernelSpec] = {}
     # CPU tensors a CUDA graph's kernels read (0-d constants made by the program, CPU scalar
     # inputs: eager's CUDA ops accept them): copied to the device at the launch
     host: set[str] = set()
@@ -1198,13 +1199,39 @@ def generate_triton(sched: Scheduler, dtypes: dict[str, torch.dtype],
                 spec.host = [p for p in spec.params if p in host]  # type: ignore[attr-defined]
                 if tune != "full":  # the default configuration and its first two neighbours
                     spec.candidates = [c for c in spec.candidates if c != spec.config][:2]
+                specs.append(spec)
+                # a kernel identical to an earlier one but for its name and its parameters'
+                # names (a model's repeated layers) is that kernel, called with its own
+                # arguments: one definition, one compile, one tuning
+                key = _canonical_kernel(src, spec)
+                first = seen.get(key)
+                if first is not None:
+                    spec.name = first.name
+                    continue
+                seen[key] = spec
                 parts.append("\n" + src)
                 kernels[spec.name] = spec
-                specs.append(spec)
         step.kernels = specs  # type: ignore[attr-defined]
         step.checked = any(s.checked for s in specs)  # type: ignore[attr-defined]
         step.size_args = []  # type: ignore[attr-defined]
     return TritonSources("\n".join(parts), kernels)
+
+
+def _canonical_kernel(src: str, spec: KernelSpec) -> str:
+    """``src`` (one kernel) with its name and parameters renamed by position and comment lines
+    dropped, and what else decides its binary and its launch (types, grid form, configurations):
+    equal for kernels that differ only in names."""
+    import json
+    import re
+
+    index = {p: f"_p{i}" for i, p in enumerate(spec.params)}
+    lines = [ln for ln in src.split("\n") if ln.strip() and not ln.lstrip().startswith("#")]
+    text = "\n".join(lines).replace(f"def {spec.name}(", "def _kernel(", 1)
+    if index:
+        pat = re.compile(r"\b(" + "|".join(map(re.escape, index)) + r")\b")
+        text = pat.sub(lambda m: index[m.group(0)], text)
+    return text + "\0" + json.dumps([spec.signature, spec.grid, spec.config, spec.candidates,
+                                      spec.checked], sort_keys=True)
 
 
 # -- the wrapper's part ---------------------------------------------------------------------------
