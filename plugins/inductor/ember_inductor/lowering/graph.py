@@ -103,6 +103,9 @@ class GraphLowering:
         self.env: dict[torch.fx.Node, Any] = {}
         self.node: torch.fx.Node | None = None
         self.fallback_ops: list[str] = []
+        #: var/var_mean as the first element plus the deviations' mean (lowering/reductions.py;
+        #: set for the Triton target by compile_fx.generate_source)
+        self.shifted_var_mean = False
         self._n = 0
         self._cse: dict[Any, torch.fx.Node] = {}
         self._realized: dict[int, tuple[IRNode, Buffer]] = {}

@@ -176,16 +176,43 @@ def _var_mean(x: Any, dims: Any, correction: Any, keepdim: bool) -> tuple[Any, A
     d = _dims(x, dims)
     n = product([x.get_size()[i] for i in d]) if x.get_size() else 1
     corr = 1 if correction is None else correction
-    s = reduce(x, d, True, "sum", calc)
-    sl = s.make_loader()
-    mean_keep = Pointwise(x.device, calc, s.get_size(),
-                          lambda i: ops.truediv(sl(i), size_value(n, calc)), 2)
-    ml = loader(mean_keep, x.get_size())
     xl = x.make_loader()
-
     size = x.get_size()
+    if getattr(current(), "shifted_var_mean", False) and (
+            n > 0 if isinstance(n, int) else statically_true(sympy.sympify(n) >= 1)):
+        # The Triton target (GraphLowering.shifted_var_mean): the mean as the row's first
+        # element plus the mean of the deviations from it, so its rounding error scales with
+        # the spread, not the magnitude (a large mean, a small variance: eager's Welford
+        # accuracy, still two passes). The C++ target keeps the plain sum.
+        def shift(i: Any) -> Any:
+            return ops.to_dtype(xl([0 if k in d else i[k] for k in range(len(size))]), calc)
+        s = reduce(Pointwise(x.device, calc, size,
+                             lambda i: ops.sub(ops.to_dtype(xl(i), calc), shift(i)), 2),
+                   d, True, "sum", calc)
+        sl0 = s.make_loader()
+
+        def mean_at(i: Any) -> Any:
+            return ops.add(shift(i), ops.truediv(sl0(i), size_value(n, calc)))
+        # the deviations' mean, on the reduced (kept) shape, broadcast to the input's
+        dev_mean = loader(Pointwise(x.device, calc, s.get_size(), lambda i: ops.truediv(
+            sl0(i), size_value(n, calc)), 2), x.get_size())
+
+        def centered_at(i: Any) -> Any:
+            # (x - shift) is exact for nearby values; never subtract a rounded large mean
+            return ops.sub(ops.sub(ops.to_dtype(xl(i), calc), shift(i)), dev_mean(i))
+    else:
+        s = reduce(x, d, True, "sum", calc)
+        sl = s.make_loader()
+
+        def mean_at(i: Any) -> Any:
+            return ops.truediv(sl(i), size_value(n, calc))
+        ml = loader(Pointwise(x.device, calc, s.get_size(), mean_at, 2), x.get_size())
+
+        def centered_at(i: Any) -> Any:
+            return ops.sub(ops.to_dtype(xl(i), calc), ml(i))
+
     centered = Pointwise(x.device, calc, size, lambda i: (lambda c: ops.mul(c, c))(
-        ops.sub(ops.to_dtype(xl(i), calc), ml(i))), 3)
+        centered_at(i)), 3)
     ss = reduce(centered, d, keepdim, "sum", calc)
     ssl = ss.make_loader()
     if isinstance(n, int) and isinstance(corr, (int, float)):
@@ -197,8 +224,7 @@ def _var_mean(x: Any, dims: Any, correction: Any, keepdim: bool) -> tuple[Any, A
     var = Pointwise(x.device, dt, ss.get_size(), lambda i: ops.to_dtype(
         ops.truediv(ssl(i), size_value(denom, calc)), dt), 2)
     if keepdim:
-        mean = Pointwise(x.device, dt, s.get_size(), lambda i: ops.to_dtype(
-            ops.truediv(sl(i), size_value(n, calc)), dt), 2)
+        mean = Pointwise(x.device, dt, s.get_size(), lambda i: ops.to_dtype(mean_at(i), dt), 2)
     else:
         kept = [s_ for i, s_ in enumerate(size) if i not in d]
         keep_idx = [i for i in range(len(size)) if i not in d]
@@ -207,7 +233,7 @@ def _var_mean(x: Any, dims: Any, correction: Any, keepdim: bool) -> tuple[Any, A
             full = [0] * len(size)
             for j, k in enumerate(keep_idx):
                 full[k] = i[j]
-            return ops.to_dtype(ops.truediv(sl(full), size_value(n, calc)), dt)
+            return ops.to_dtype(mean_at(full), dt)
         mean = Pointwise(x.device, dt, kept, mean_fn, 2)
     return var, mean
 
