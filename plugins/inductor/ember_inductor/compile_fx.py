@@ -139,7 +139,7 @@ def generate_source(gm: torch.fx.GraphModule, key: str = "",
     # SizeEnv: their example values steer heuristics only
     with size_env(SizeEnv()):
         graph = GraphLowering(gm)
-        graph.shifted_var_mean = target.name == "triton"
+        graph.shifted_var_mean = graph.random_in_kernels = target.name == "triton"
         # channels-last activations in graphs with convolutions (layout.py)
         graph.layout_plan = plan_for(gm, options or {})
         graph.run()

@@ -106,6 +106,9 @@ class GraphLowering:
         #: var/var_mean as the first element plus the deviations' mean (lowering/reductions.py;
         #: set for the Triton target by compile_fx.generate_source)
         self.shifted_var_mean = False
+        #: rand/randn/bernoulli as Philox draws in the kernels (lowering/random.py; the Triton
+        #: target), else ATen calls
+        self.random_in_kernels = False
         self._n = 0
         self._cse: dict[Any, torch.fx.Node] = {}
         self._realized: dict[int, tuple[IRNode, Buffer]] = {}
@@ -402,6 +405,8 @@ class GraphLowering:
         recompute attention masks or position ids per layer); None for anything else."""
         if node.target not in LOWERINGS or node.target in EXTERN_OPS:
             return None
+        if torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()):
+            return None  # two rand_like(x) draw different numbers (lowering/random.py)
 
         def conv(a: Any) -> Any:
             if isinstance(a, torch.fx.Node):
