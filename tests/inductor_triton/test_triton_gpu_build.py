@@ -133,6 +133,35 @@ exec(src.split("_k = load_kernels")[0].split("CONSTANTS", 1)[1].split("\n", 1)[1
 source, kernels = ns["TRITON_SOURCE"], ns["KERNELS"]
 name = next(iter(kernels))
 out["twins"] = [len(kernels), src.count(f"    {name}(")]
+# ember.precompile's Triton part: the binaries (default, candidates) and tuning choices of a
+# graph travel as raw files; installed in a fresh cache they load without compiling
+from ember_inductor.runtime.cache import get_text, put_text
+fn, make = GRAPHS["looped_and_scalar"]
+gm = make_fx(fn, decomposition_table=decompositions())(*make())
+src, _ = generate_source(gm, key="gpu-art", options={"cpu_codegen": "triton"})
+ns = {}
+exec(src.split("_k = load_kernels")[0].split("CONSTANTS", 1)[1].split("\n", 1)[1], ns)
+source, kernels = ns["TRITON_SOURCE"], ns["KERNELS"]
+mod = rt._module(source)
+items = [(spec, c) for spec in kernels.values() for c in [spec["config"]] + spec["candidates"]]
+rt.prebuild(source, items, target=("cuda", 90, 32))
+tuned = next(sp for sp in kernels.values() if sp["candidates"])
+tkey = rt._tune_key(source, tuned, [int(n) for n in tuned["numels"]])
+put_text("triton-tune", tkey, json.dumps(tuned["candidates"][0], sort_keys=True))
+entries = rt.artifact_entries(source, kernels)
+os.environ["EMBER_CACHE_DIR"] = os.path.join(os.environ["EMBER_CACHE_DIR"], "fresh")
+rt._loaded.clear()
+before = dict(rt.counters)
+out["art_installed"] = [rt.install_artifact(entries), len({rt._entry_key(source, *it) for it in items})]
+out["art_loaded"] = all(rt._load_binary(getattr(mod, s_["name"]), s_, c,
+                                        rt._entry_key(source, s_, c)) is not None for s_, c in items)
+out["art_no_compile"] = rt.counters["compiles"] == before["compiles"]
+out["art_choice"] = get_text("triton-tune", tkey) == json.dumps(tuned["candidates"][0], sort_keys=True)
+bad = dict(entries)
+k = next(k for k in bad if k.endswith(".cubin"))
+bad[k] = b"garbage"
+os.environ["EMBER_CACHE_DIR"] += "2"
+out["art_corrupt_skipped"] = rt.install_artifact(bad) == out["art_installed"][0] - 1
 print("RESULT " + json.dumps(out))
 """
 
@@ -160,6 +189,11 @@ def test_kernels_compile_for_gpu_and_cache_roundtrip(tmp_path, py):
     assert out["worker_reply"] == {"ok": "hit", "torch": False}, out
     # two tanh kernels identical but for names: one definition, called twice
     assert out["twins"] == [1, 2], out
+    # precompile: every binary of the graph installed from the artifact's entries, loaded
+    # without compiling; the tuning choice travels; a corrupt binary is not installed
+    assert out["art_installed"][0] == out["art_installed"][1] >= 3, out
+    assert out["art_loaded"] and out["art_no_compile"] and out["art_choice"], out
+    assert out["art_corrupt_skipped"], out
 
 
 _TWINS = """import triton

@@ -25,6 +25,7 @@ import ember
 __all__ = ["ember_precompile_graph"]
 
 _BUILD_MODULE = "ember_inductor.runtime.cache"
+_TRITON_MODULE = "ember_inductor.runtime.triton"
 
 
 def _is_wrapper_call(fn: Any) -> bool:
@@ -42,13 +43,15 @@ def _wrapper_source(gm: Any, options: dict[str, Any]) -> str:
     key = _graph_key(gm, dict(options))
     src = get_text("wrapper", key)
     if src is None:
-        src, _ = generate_source(gm, key)
+        src, _ = generate_source(gm, key, dict(options))
     return src
 
 
-def _cpp_sources(src: str) -> list[str]:
+def _cpp_sources(src: str, triton: list[Any] | None = None) -> list[str]:
     """The C++ sources the wrapper builds, read by running its module level with a build
-    module that records instead of building."""
+    module that records instead of building; a Triton wrapper's (kernel module, specs) are
+    appended to ``triton``."""
+    triton = [] if triton is None else triton
     from ember.precompile.runtime import patch_imports
 
     sources: list[str] = []
@@ -79,9 +82,28 @@ def _cpp_sources(src: str) -> list[str]:
                                    "not know (update ember_inductor/precompile.py)")
 
     head = src.split("\ndef call(", 1)[0]
-    ns: dict[str, Any] = {"_ember_build": _Recorder(), "__name__": "ember_precompile_probe"}
+    ns: dict[str, Any] = {"_ember_build": _Recorder(), "__name__": "ember_precompile_probe",
+                          "_ember_triton": _TritonRecorder(triton)}
+    head = patch_imports(head, _TRITON_MODULE, "_ember_triton")
     exec(compile(patch_imports(head, _BUILD_MODULE, "_ember_build"), "<wrapper>", "exec"), ns)
     return list(dict.fromkeys(sources))
+
+
+class _TritonRecorder:
+    """Stands for runtime/triton.py while a wrapper's module level runs in the probe: records
+    the kernels' module and specs instead of loading them."""
+
+    def __init__(self, out: list[Any]):
+        self.out = out
+
+    def load_kernels(self, source: str, specs: dict[str, Any]) -> Any:
+        self.out.append((source, specs))
+        return {name: None for name in specs}
+
+    def __getattr__(self, name: str) -> Any:
+        raise ember.EmberError(f"ember-inductor precompile: the wrapper uses {_TRITON_MODULE}."
+                               f"{name}, which the precompile hook does not know (update "
+                               "ember_inductor/precompile.py)")
 
 
 @ember.hookimpl
@@ -103,10 +125,20 @@ def ember_precompile_graph(backend: str, name: str, gm: Any, compiled: Any,
 
     src = _wrapper_source(gm, options or {})
     entries: dict[str, bytes] = {}
-    for cpp in _cpp_sources(src):
+    triton: list[Any] = []
+    for cpp in _cpp_sources(src, triton):
         key = hashlib.sha256(cpp.encode("utf-8")).hexdigest()
         with open(compile_cpp(cpp), "rb") as f:  # built already: a cache lookup
             entries[f"kernels/{key}.so"] = f.read()
+    if triton:  # the Triton target: its binaries and tuning choices (runtime/triton.py)
+        from .runtime.triton import artifact_entries
+
+        for source, specs in triton:
+            entries.update(artifact_entries(source, specs))
+    install = ("    from ember_inductor.runtime.triton import install_artifact\n"
+               "    install_artifact({k: v for k, v in (cache or {}).items() "
+               "if k.startswith('triton')})\n") if any(k.startswith("triton") for k in entries) \
+        else ""
     consts = [getattr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"]
     const_lines = "".join(
         f"    ns['const{i}'] = {tensor_literal(t, f'inductor {name} constant {i}')}\n"
@@ -121,7 +153,7 @@ def make_{name}(cache):
     cache are loaded as built; without them ember-inductor builds them from that C++."""
     libs = {{k[len("kernels/"):-len(".so")]: v for k, v in (cache or {{}}).items()
             if k.startswith("kernels/")}}
-    ns = {{"__name__": "ember_precompiled_{name}",
+{install}    ns = {{"__name__": "ember_precompiled_{name}",
           "_ember_build": _rt.CachedLibraries(libs, {_BUILD_MODULE!r})}}
     src = _rt.patch_imports(WRAPPER_{name}, {_BUILD_MODULE!r}, "_ember_build")
     exec(compile(src, "<ember-inductor wrapper: {name}>", "exec"), ns)

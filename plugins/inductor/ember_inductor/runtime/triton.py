@@ -687,3 +687,96 @@ def load_kernels(source: str, specs: dict[str, dict[str, Any]]) -> dict[str, Lau
             list(pool.map(ahead, todo))
         log.debug("built %d Triton kernels ahead in %.2fs", len(todo), time.perf_counter() - t0)
     return launchers
+
+
+# -- precompiled artifacts ----------------------------------------------------------------------
+
+def _static(numels: Sequence[Any]) -> list[int] | None:
+    try:
+        return [int(n) for n in numels]
+    except (TypeError, ValueError):
+        return None
+
+
+def artifact_entries(source: str, specs: dict[str, dict[str, Any]]) -> dict[str, bytes]:
+    """What an ``ember.precompile`` artifact carries for one graph's kernels, from this
+    machine's cache: each kernel's tuning choice (static sizes) as ``triton-tune/<key>``, and
+    the files of every binary of it the cache holds (its choice, its default configuration,
+    its candidates) as ``triton/<key>/<file>`` — raw bytes with their manifest, never pickled.
+    The keys hold the machine (GPU, driver, torch, Triton): on another machine they miss and
+    the kernels are compiled there."""
+    from .cache import get_text
+
+    out: dict[str, bytes] = {}
+    for spec in specs.values():
+        configs = [spec["config"]] + list(spec.get("candidates", []))
+        numels = _static(spec.get("numels", []))
+        if numels is not None:
+            tkey = _tune_key(source, spec, numels)
+            choice = get_text("triton-tune", tkey)
+            if choice is not None:
+                out[f"triton-tune/{tkey}"] = choice.encode()
+                configs.insert(0, json.loads(choice))
+        for cfg in configs:
+            key = _entry_key(source, spec, cfg)
+            d = _entry_dir(key)
+            try:
+                m = json.loads((d / "manifest.json").read_text())
+                files = {f: (d / f).read_bytes() for f in m["files"]}
+            except (OSError, ValueError, KeyError):
+                continue
+            if any(hashlib.sha256(b).hexdigest() != m["files"][f] for f, b in files.items()):
+                continue
+            for f, b in files.items():
+                out[f"triton/{key}/{f}"] = b
+            out[f"triton/{key}/manifest.json"] = (d / "manifest.json").read_bytes()
+    return out
+
+
+def install_artifact(entries: dict[str, bytes]) -> int:
+    """Put an artifact's Triton entries (:func:`artifact_entries`) into this machine's cache,
+    where :func:`load_kernels` finds them: binaries checked against their manifest and
+    published atomically, tuning choices into the text store. Returns the binaries installed
+    (present ones count too)."""
+    from .cache import get_text, put_text
+
+    groups: dict[str, dict[str, bytes]] = {}
+    for k, v in entries.items():
+        if k.startswith("triton-tune/"):
+            key = k[len("triton-tune/"):]
+            if get_text("triton-tune", key) is None:
+                put_text("triton-tune", key, v.decode())
+        elif k.startswith("triton/"):
+            key, _, fname = k[len("triton/"):].partition("/")
+            groups.setdefault(key, {})[fname] = v
+    n = 0
+    for key, files in groups.items():
+        d = _entry_dir(key)
+        if (d / "manifest.json").exists():
+            n += 1
+            continue
+        try:
+            m = json.loads(files["manifest.json"])
+            if m.get("format") != FORMAT_VERSION or any(
+                    hashlib.sha256(files[f]).hexdigest() != h for f, h in m["files"].items()):
+                log.warning("a precompiled Triton binary (%s) is corrupt; not installed", key)
+                continue
+            d.parent.mkdir(parents=True, exist_ok=True)
+            import shutil
+            import tempfile
+
+            tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{key}.", dir=d.parent))
+            try:
+                for f in m["files"]:
+                    (tmp / f).write_bytes(files[f])
+                (tmp / "manifest.json").write_bytes(files["manifest.json"])
+                try:
+                    os.rename(tmp, d)
+                except OSError:
+                    pass  # published by another process meanwhile
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+            n += 1
+        except (KeyError, ValueError, OSError) as e:
+            log.warning("cannot install a precompiled Triton binary (%s): %s", key, e)
+    return n
