@@ -168,7 +168,7 @@ def worker_build(path: str, name: str, spec: dict[str, Any], config: dict[str, i
     if launcher:
         try:
             build_launcher(ck)
-        except Exception:  # noqa: BLE001 - no driver here (a CPU-only machine): the parent builds it
+        except Exception:  # noqa: BLE001 - no driver here (a CPU-only machine): the parent will
             pass
     return "built"
 
