@@ -133,6 +133,39 @@ exec(src.split("_k = load_kernels")[0].split("CONSTANTS", 1)[1].split("\n", 1)[1
 source, kernels = ns["TRITON_SOURCE"], ns["KERNELS"]
 name = next(iter(kernels))
 out["twins"] = [len(kernels), src.count(f"    {name}(")]
+# load_kernels' GPU path (sm_90 stands for the GPU; the launcher is faked): on a cold cache every
+# binary the first call needs (defaults, and all tuning candidates of untuned kernels) is built
+# by the pool at once, nothing in this process; the ahead builds then load them from the cache
+fn, make = GRAPHS["rows"]
+gm = make_fx(fn, decomposition_table=decompositions())(*make())
+src, _ = generate_source(gm, key="gpu-load", options={"cpu_codegen": "triton"})
+ns = {}
+exec(src.split("_k = load_kernels")[0].split("CONSTANTS", 1)[1].split("\n", 1)[1], ns)
+source, kernels = ns["TRITON_SOURCE"], ns["KERNELS"]
+saved = (rt._current_target, rt._fast_path, rt.Launcher._specialize, os.environ["EMBER_CACHE_DIR"])
+rt._current_target = lambda: ("cuda", 90, 32)
+rt._fast_path = lambda ck: (lambda *a: None)
+rt.Launcher._specialize = lambda self: None
+os.environ["EMBER_CACHE_DIR"] = os.path.join(saved[3], "load")
+rt.machine_key = lambda: "test-machine-load"
+rt._loaded.clear()
+before = dict(rt.counters)
+import logging
+class _Logs(logging.Handler):
+    def emit(self, r):
+        out.setdefault("load_logs", []).append(r.getMessage()[:300])
+logging.getLogger("ember.inductor.triton").addHandler(_Logs())
+lns = rt.load_kernels(source, kernels)
+want = {rt._entry_key(source, sp, c) for sp in kernels.values()
+        for c in ([sp["config"]] + sp["candidates"])}
+out["load"] = {"binaries": len(want), "pool": rt.counters["pool_builds"] - before["pool_builds"],
+               "compiles_here": rt.counters["compiles"] - before["compiles"],
+               "ahead": sum(ln.ck is not None for ln in lns.values()),
+               "untuned": sum(bool(sp["candidates"]) for sp in kernels.values()),
+               "kernels": len(kernels)}
+rt._current_target, rt._fast_path, rt.Launcher._specialize = saved[:3]
+os.environ["EMBER_CACHE_DIR"] = saved[3]
+rt.machine_key = lambda: "test-machine"
 # ember.precompile's Triton part: the binaries (default, candidates) and tuning choices of a
 # graph travel as raw files; installed in a fresh cache they load without compiling
 from ember_inductor.runtime.cache import get_text, put_text
@@ -189,6 +222,9 @@ def test_kernels_compile_for_gpu_and_cache_roundtrip(tmp_path, py):
     assert out["worker_reply"] == {"ok": "hit", "torch": False}, out
     # two tanh kernels identical but for names: one definition, called twice
     assert out["twins"] == [1, 2], out
+    ld = out["load"]
+    assert ld["binaries"] == ld["pool"] >= 3 and ld["compiles_here"] == 0, json.dumps(out["load"]) + json.dumps(out.get("load_logs"))
+    assert ld["untuned"] >= 1 and ld["ahead"] == ld["kernels"] - ld["untuned"], ld
     # precompile: every binary of the graph installed from the artifact's entries, loaded
     # without compiling; the tuning choice travels; a corrupt binary is not installed
     assert out["art_installed"][0] == out["art_installed"][1] >= 3, out

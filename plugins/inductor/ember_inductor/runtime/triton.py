@@ -75,6 +75,15 @@ def _module_path(source: str) -> pathlib.Path:
     return _store.cache_dir() / "triton" / "src" / key[:2] / f"k{key}.py"
 
 
+def _module_file(source: str) -> pathlib.Path:
+    """The file of the kernel module of ``source`` in the cache, written if missing (the cache
+    may have been cleared, or moved, since this process imported it)."""
+    path = _module_path(source)
+    if not path.exists() or path.read_text() != source:
+        _store.atomic_write(path, source.encode())
+    return path
+
+
 def _module(source: str) -> Any:
     """The kernel module of ``source``: written once into the cache (Triton reads a kernel's
     source from its file), imported once per process."""
@@ -83,9 +92,7 @@ def _module(source: str) -> Any:
         mod = _modules.get(key)
         if mod is not None:
             return mod
-        path = _module_path(source)
-        if not path.exists() or path.read_text() != source:
-            _store.atomic_write(path, source.encode())
+        path = _module_file(source)
         name = f"ember_triton_{key[:16]}"
         spec = importlib.util.spec_from_file_location(name, path)
         assert spec is not None and spec.loader is not None
@@ -208,6 +215,7 @@ def _entry_dir(key: str) -> pathlib.Path:
 
 #: binaries loaded in this process, by entry key (kernels identical but for names share one)
 _loaded: dict[str, Any] = {}
+_locks: dict[str, threading.Lock] = {}
 
 
 def _load_binary(fn: Any, spec: dict[str, Any], config: dict[str, int], key: str) -> Any:
@@ -312,8 +320,8 @@ def prebuild(source: str, items: Sequence[tuple[dict[str, Any], dict[str, int]]]
             missing[key] = (spec, config)
     if workers < 1 or len(missing) < POOL_MIN_KERNELS:
         return 0
-    path = _module_path(source)
-    _module(source)  # written (and imported here too)
+    _module(source)  # imported here too
+    path = _module_file(source)  # the workers import it from this file
     t0 = time.perf_counter()
     target = target or _current_target()
     jobs: Any = queue.Queue()
@@ -455,8 +463,10 @@ class Launcher:
         if config is not None:
             self.config = dict(config)
             self.consts = tuple(self.config[k] for k in self.const_names)
-        self.ck = _build(self.source, self.fn, self.spec, self.config)
-        self._run = _fast_path(self.ck)
+        key = _entry_key(self.source, self.spec, self.config)
+        with _locks.setdefault(key, threading.Lock()):  # a binary shared by launchers in threads
+            self.ck = _build(self.source, self.fn, self.spec, self.config)
+            self._run = _fast_path(self.ck)  # loads the module and the launcher once
         self._fast = self._specialize() if self._run is not None else None
         counters["fast_launchers" if self._run is not None else "jit_launchers"] += 1
 
@@ -683,9 +693,16 @@ def load_kernels(source: str, specs: dict[str, dict[str, Any]]) -> dict[str, Lau
                         type(e).__name__, e)
     if todo:
         t0 = time.perf_counter()
-        with ThreadPoolExecutor(max_workers=_workers(len(todo))) as pool:
+        # every binary on disk: loading them (the module into the GPU context, and where Triton
+        # 3.6 finds no launcher for a signature in its own cache, a C compiler run that releases
+        # the GIL) overlaps in threads; a compile in this process stays one at a time
+        present = all((_entry_dir(_entry_key(source, ln.spec, cfg or ln.config))
+                       / "manifest.json").exists() for ln, cfg in todo)
+        threads = min(8, len(todo)) if present else _workers(len(todo))
+        with ThreadPoolExecutor(max_workers=threads) as pool:
             list(pool.map(ahead, todo))
-        log.debug("built %d Triton kernels ahead in %.2fs", len(todo), time.perf_counter() - t0)
+        log.debug("built %d Triton kernels ahead in %.2fs (%d threads)", len(todo),
+                  time.perf_counter() - t0, threads)
     return launchers
 
 

@@ -155,14 +155,18 @@ def worker_build(path: str, name: str, spec: dict[str, Any], config: dict[str, i
         return "hit"
     from triton.backends.compiler import GPUTarget
 
-    modname = f"ember_triton_w_{pathlib.Path(path).stem[:17]}"
+    modname = f"ember_triton_w_{pathlib.Path(path).stem}"
     mod = sys.modules.get(modname)
     if mod is None:
         spec_ = importlib.util.spec_from_file_location(modname, path)
         assert spec_ is not None and spec_.loader is not None
         mod = importlib.util.module_from_spec(spec_)
         sys.modules[modname] = mod
-        spec_.loader.exec_module(mod)
+        try:
+            spec_.loader.exec_module(mod)
+        except BaseException:
+            del sys.modules[modname]  # never keep a half-made module for the next job
+            raise
     ck = compile_kernel(getattr(mod, name), spec, config, GPUTarget(*target))
     store_binary(ck, d)
     if launcher:
