@@ -29,7 +29,7 @@ python3 -m pip install -q --no-deps --no-build-isolation --no-index \
 cat "$OUT/summary.txt"
 
 echo "== startup (left $(left)s)" | tee -a "$OUT/summary.txt"
-timeout 250 python3 scripts/gpu_tritonside.py --out "$OUT" --deadline 235 > "$OUT/startup.log" 2>&1
+timeout 215 python3 scripts/gpu_tritonside.py --out "$OUT" --deadline 200 > "$OUT/startup.log" 2>&1
 echo "startup rc=$?" | tee -a "$OUT/summary.txt"
 cat "$OUT/startup.md" >> "$OUT/summary.txt" 2>/dev/null || tail -20 "$OUT/startup.log" >> "$OUT/summary.txt"
 
