@@ -1222,6 +1222,12 @@ def generate_triton(sched: Scheduler, dtypes: dict[str, torch.dtype],
         step.kernels = specs  # type: ignore[attr-defined]
         step.checked = any(s.checked for s in specs)  # type: ignore[attr-defined]
         step.size_args = []  # type: ignore[attr-defined]
+    if device == "cuda" and not interpret and kernels:
+        # a graph generated now is (almost always) compiled next: start the compile workers so
+        # that their start-up (Python, Triton's import) overlaps the rest of this compile
+        from ..runtime.triton import start_workers
+
+        start_workers(sum(1 + len(k.candidates) for k in kernels.values()))
     return TritonSources("\n".join(parts), kernels)
 
 

@@ -294,6 +294,19 @@ def _pool_workers() -> int:
         return 1
 
 
+def start_workers(jobs: int) -> None:
+    """Start (without waiting) the workers a graph with ``jobs`` binaries to build would use;
+    they import Triton meanwhile. A failure only logs: :func:`prebuild` tries again."""
+    n = min(_pool_workers(), jobs)
+    if n < 1 or jobs < POOL_MIN_KERNELS:
+        return
+    try:
+        with _lock:
+            _workers_started(n)
+    except OSError as e:
+        log.debug("cannot start Triton compile workers: %s", e)
+
+
 def _current_target() -> tuple[str, int, int]:
     from triton.runtime import driver
 

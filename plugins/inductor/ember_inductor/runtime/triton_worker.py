@@ -179,6 +179,11 @@ def worker_build(path: str, name: str, spec: dict[str, Any], config: dict[str, i
 
 def main() -> None:
     _light_packages()
+    try:  # while the parent is still generating code (runtime.triton.start_workers)
+        import triton  # noqa: F401
+        import triton.compiler  # noqa: F401
+    except ImportError:
+        pass
     for line in sys.stdin:
         if not line.strip():
             continue
