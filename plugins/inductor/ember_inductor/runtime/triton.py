@@ -712,6 +712,11 @@ def load_kernels(source: str, specs: dict[str, dict[str, Any]]) -> dict[str, Lau
         present = all((_entry_dir(_entry_key(source, ln.spec, cfg or ln.config))
                        / "manifest.json").exists() for ln, cfg in todo)
         threads = min(8, len(todo)) if present else _workers(len(todo))
+        if threads > 1:
+            try:  # Triton's driver made once, here, not raced by the threads
+                _current_target()
+            except Exception:  # noqa: BLE001 - then one thread
+                threads = 1
         with ThreadPoolExecutor(max_workers=threads) as pool:
             list(pool.map(ahead, todo))
         log.debug("built %d Triton kernels ahead in %.2fs (%d threads)", len(todo),
