@@ -29,7 +29,7 @@ GRAPHS = {
               lambda: (torch.randn(40000, 3), torch.rand(40000, 3) > 0.5)),
     # Philox draws (lowering/random.py): an int64 seed loaded as a scalar
     "random": (lambda x: (torch.rand_like(x) + torch.randn_like(x) * x,
-                          torch.bernoulli(torch.sigmoid(x))),
+                          torch.bernoulli(torch.sigmoid(x)), torch.rand_like(x[0, 0])),
                lambda: (torch.randn(16, 24),)),
     "dtypes": (lambda a, b, c: (a.double() * 2 + 1, (b & (b > 0)) | ~b, c.to(torch.int8) * 3),
                lambda: (torch.randn(10, 7), torch.rand(10, 7) > 0.5,

@@ -81,6 +81,14 @@ def test_bernoulli_and_dropout_mask_shared_with_backward():
     assert not torch.equal(y2.detach() != 0, keep)
 
 
+def test_zero_dim_draws():
+    def f(x):
+        return torch.rand_like(x), torch.randn((), device=x.device) + x
+
+    u, z = compile_triton(f)(torch.tensor(1.0, device=DEVICE))
+    assert u.shape == z.shape == () and 0 <= float(u) < 1 and math.isfinite(float(z))
+
+
 @pytest.mark.skipif(DEVICE != "cpu", reason="the C++ target is the CPU's")
 def test_cpp_target_keeps_aten_random_calls():
     from ember_inductor.compile_fx import generate_source

@@ -371,11 +371,13 @@ class TritonOps:
 
     def rand(self, seed: TVar, offset: TVar) -> TVar:
         """Philox uniform in [0, 1) at (seed, offset) (lowering/random.py)."""
-        return self._emit(f"tl.rand({seed}, {offset})", torch.float32, seed, offset)
+        off = self.k.full(offset) if offset.const is not None else offset  # a 0-d tensor's
+        return self._emit(f"tl.rand({seed}, {off})", torch.float32, seed, offset)
 
     def randn(self, seed: TVar, offset: TVar) -> TVar:
         """Philox standard normal at (seed, offset)."""
-        return self._emit(f"tl.randn({seed}, {offset})", torch.float32, seed, offset)
+        off = self.k.full(offset) if offset.const is not None else offset
+        return self._emit(f"tl.randn({seed}, {off})", torch.float32, seed, offset)
 
     def where(self, c: TVar, a: TVar, b: TVar) -> TVar:
         return self._emit(f"tl.where({c}, {a}, {b})", a.dtype, c, a, b)
