@@ -81,6 +81,18 @@ def test_bernoulli_and_dropout_mask_shared_with_backward():
     assert not torch.equal(y2.detach() != 0, keep)
 
 
+def test_dynamic_sizes():
+    def f(x):
+        return torch.rand_like(x), torch.randn_like(x) * 0 + x
+
+    cf = compile_triton(f, dynamic=True)
+    for n in (1000, 3000):
+        u, z = cf(torch.zeros(n, device=DEVICE))
+        assert u.shape == (n,) and 0 <= float(u.min()) and float(u.max()) < 1
+        assert abs(float(u.mean()) - 0.5) < 5 * math.sqrt(1 / 12 / n)
+        assert u.unique().numel() > 0.99 * n  # no offsets reused within a call
+
+
 def test_zero_dim_draws():
     def f(x):
         return torch.rand_like(x), torch.randn((), device=x.device) + x

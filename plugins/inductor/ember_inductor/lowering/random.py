@@ -13,7 +13,7 @@ forward (AOT never recomputes random ops).
 The C++ target keeps these ops as ATen calls (``GraphLowering.random_in_kernels`` is set by
 ``compile_fx.generate_source`` for the Triton target only); so do a user's ``generator=``,
 float64 (Philox gives 24 random bits) and ``rand`` in bfloat16/float16 (rounding could give
-1.0, which eager never returns), and symbolic sizes.
+1.0, which eager never returns).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from typing import Any, Callable
 import torch
 
 from ..ir import ExternKernel, Layout, Pointwise
-from ..sizes import contiguous_strides
+from ..sizes import contiguous_strides, product
 from ..virtualized import ops
-from .common import loader, meta
+from .common import loader, meta, shape_of
 from .registry import Unsupported, current, register
 
 aten = torch.ops.aten
@@ -56,14 +56,10 @@ def _uniform_or_normal(kind: str, size: list[Any], device: torch.device
                        ) -> Callable[[Any], Any]:
     """index -> the float32 draw (``kind`` "rand" or "randn") of that element."""
     g = _graph()
-    if not all(isinstance(s, int) for s in size):
-        raise Unsupported("random numbers of symbolic size")
-    numel = 1
-    for s in size:
-        numel *= s
+    numel = product(size)  # symbolic sizes: offsets are expressions of the kernel's size args
     seed = _seed(g, device)
     base = g._rng_offset
-    if base + numel >= 2**31:
+    if isinstance(base + numel, int) and base + numel >= 2**31:
         raise Unsupported("more random numbers per call than one Philox offset range")
     g._rng_offset = base + numel
     sl = seed.make_loader()
@@ -87,7 +83,7 @@ def _random(kind: str, **kwargs: Any) -> Any:
     if dt not in ((torch.float32,) if kind == "rand" else
                   (torch.float32, torch.bfloat16, torch.float16)):
         raise Unsupported(f"{kind} in {dt}")
-    size = list(m.shape)
+    size = shape_of(m)
     draw = _uniform_or_normal(kind, size, m.device)
     return Pointwise(m.device, dt, size, lambda i: ops.to_dtype(draw(i), dt), 3)
 
@@ -118,7 +114,7 @@ def _bernoulli(p_at: Callable[[Any], Any], **kwargs: Any) -> Any:
     dt = m.dtype
     if dt == torch.float64:
         raise Unsupported("bernoulli in float64")
-    size = list(m.shape)
+    size = shape_of(m)
     draw = _uniform_or_normal("rand", size, m.device)
     # P(rand < p) = p, as eager's Bernoulli(p)
     return Pointwise(m.device, dt, size, lambda i: ops.to_dtype(
@@ -134,5 +130,5 @@ def bernoulli_p(x: Any, p: Any = 0.5, **kwargs: Any) -> Any:
 
 @register(aten.bernoulli.default)
 def bernoulli(x: Any, **kwargs: Any) -> Any:
-    pl = loader(x, list(meta().shape))
+    pl = loader(x, shape_of(meta()))
     return _bernoulli(lambda i: ops.to_dtype(pl(i), torch.float32), **kwargs)
