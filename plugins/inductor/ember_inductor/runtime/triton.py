@@ -12,14 +12,16 @@ choices on disk, launch without Triton's per-call dispatch.
   tuning (:func:`_canonical`).
 * Binaries: each compiled kernel's files (cubin and metadata) are copied into
   ``<cache>/triton/bin/<k[:2]>/<k>/`` with a manifest of their sha256 written last; ``k`` hashes
-  the kernel's canonical text and parameter types, its configuration and the machine (GPU name
-  and capability, CUDA driver, torch and Triton versions). A warm start rebuilds the ``CompiledKernel`` from those
-  files: no Triton compilation. Entries are published by an atomic rename; a corrupt one is
-  rebuilt. Nothing is pickled.
+  the kernel's canonical text and parameter types, its configuration and the machine (GPU name and
+  capability, CUDA driver, torch and Triton versions). A warm start rebuilds the
+  ``CompiledKernel`` from those files: no Triton compilation. Entries are published by an atomic
+  rename; a corrupt one is rebuilt. Nothing is pickled.
 * Tuning (GPU only): at a kernel's first launch, when no choice is cached, its candidate
-  configurations (block sizes, warps), compiled ahead by the workers, are loaded and timed
-  with CUDA events on the real arguments; the fastest is kept and stored in the text store (``triton-tune``), keyed like the
-  binaries. Under the interpreter nothing is tuned.
+  configurations (block sizes, warps), compiled ahead by the workers, are loaded and timed with
+  CUDA events on the real arguments; the fastest is kept and stored in the text store
+  (``triton-tune``), keyed like the binaries. Under the interpreter nothing is tuned.
+* ``ember.precompile``: :func:`artifact_entries` (the binaries and choices an artifact carries)
+  and :func:`install_artifact` (into this machine's cache when the artifact loads).
 * Launch: a :class:`Launcher` call computes the grid from the sizes the wrapper passes and calls
   the compiled kernel's launcher (``CompiledKernel.run``) positionally: no argument binding, no
   specialization and no cache lookup per call. Under ``TRITON_INTERPRET=1`` (CPU tensors) it
