@@ -3,7 +3,8 @@
 # internet; under 6 minutes; everything under $OUT):
 #   bash scripts/gpu_tritonside.sh
 #   1. summary.txt      versions, GPU, each part's headline
-#   2. tests.log        tests/inductor_triton on CUDA (EMBER_TRITON_DEVICE=cuda: real kernels)
+#   2. tests.log        tests/inductor_triton on CUDA (EMBER_TRITON_DEVICE=cuda: real kernels;
+#                       tuning off for time: the startup part tunes)
 #   3. startup.md/.json scripts/gpu_tritonside.py: cold compile and warm start (fresh processes,
 #                       fresh then reused caches) of a tiny graph, GPT-2 124M inference (bf16
 #                       autocast, 16x512) and a GPT-2 small training step, Ember's inductor vs
@@ -36,7 +37,7 @@ cat "$OUT/startup.md" >> "$OUT/summary.txt" 2>/dev/null || tail -20 "$OUT/startu
 L=$(left)
 echo "== tests on CUDA (left ${L}s)" | tee -a "$OUT/summary.txt"
 if [ "$L" -gt 30 ]; then
-  EMBER_TRITON_DEVICE=cuda EMBER_CACHE_DIR=/tmp/ember_tritonside_tests \
+  EMBER_TRITON_DEVICE=cuda EMBER_TRITON_TUNE=0 EMBER_CACHE_DIR=/tmp/ember_tritonside_tests \
     timeout $((L - 10)) python3 -m pytest -q -p no:cacheprovider tests/inductor_triton --durations=10 \
     > "$OUT/tests.log" 2>&1
   echo "tests rc=$?" | tee -a "$OUT/summary.txt"
