@@ -271,6 +271,22 @@ def _divides(remap: Remap, n: int) -> bool:
                for e in remap([var(i) for i in range(n)]) if hasattr(e, "has"))
 
 
+@register(aten.flip.default)
+def flip(x: Any, dims: Sequence[int]) -> Any:
+    """A reversed index (torch's flip copies: strides cannot be negative), lazy: it fuses into
+    its consumer instead of an ATen copy of a stored input."""
+    size = x.get_size()
+    n = len(size)
+    if n == 0:
+        return x
+    ds = {d % n for d in dims}
+    ld = x.make_loader()
+
+    def inner(idx: Sequence[Any]) -> Any:
+        return ld([size[i] - 1 - v if i in ds else v for i, v in enumerate(idx)])
+    return Pointwise(x.device, x.dtype, list(size), inner, x.op_count())
+
+
 @register(aten.alias.default, aten.detach.default, aten.lift_fresh.default)
 def alias(x: Any) -> Any:
     return x
