@@ -245,11 +245,6 @@ def test_pooling_kernels_are_vector_code(isa: str, tmp_path: Path) -> None:
         "adaptive_bwd": (lambda g, x: (aten._adaptive_avg_pool2d_backward(g, x),), (ad, x)),
     }
     scalar = _vector_check(cases, isa, tmp_path)
-    # scalar today: the gather of max pooling's backward (clamped loads of the saved indices);
-    # still faster than ATen's scatter on this machine
-    expected = {"max_bwd"}
-    assert expected <= set(scalar), f"now vector code: {expected - set(scalar)}"
-    scalar = {k: v for k, v in scalar.items() if k not in expected}
     assert not scalar, "scalar inner loops:\n" + "\n".join(
         f"  {name}: {loops}" for name, loops in sorted(scalar.items()))
 

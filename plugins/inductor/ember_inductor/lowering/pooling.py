@@ -188,6 +188,33 @@ def _padded(x: Any, th: _Taps, tw: _Taps, fill: float) -> Any:
     return g.realize(pw, stride).make_loader()
 
 
+def _bordered(x: Any, dtype: torch.dtype, lo_h: int, hi_h: int, lo_w: int, hi_w: int,
+              fill: Any) -> Any:
+    """``x`` (cast to ``dtype``) stored with ``fill`` around its last two dims; its loader."""
+    size = list(x.get_size())
+    H, W = size[-2], size[-1]
+    psize = size[:-2] + [H + lo_h + hi_h, W + lo_w + hi_w]
+    ld = x.make_loader()
+
+    def inner(idx: Sequence[Any]) -> Any:
+        ih, iw = idx[-2] - lo_h, idx[-1] - lo_w
+        cond = _and(_in_range(ih, 0, H) if lo_h or hi_h else None,
+                    _in_range(iw, 0, W) if lo_w or hi_w else None)
+        v = ld(list(idx[:-2]) + [_clamp(ih, H, bool(lo_h), bool(hi_h)),
+                                 _clamp(iw, W, bool(lo_w), bool(hi_w))])
+        if x.dtype != dtype:
+            v = ops.to_dtype(v, dtype)
+        return ops.where(cond, v, ops.constant(fill, dtype)) if cond is not None else v
+
+    pw = Pointwise(x.device, dtype, psize, inner, x.op_count() + 3, origins=["pool_border"])
+    stride = None
+    g = current()
+    if len(psize) == 4 and (getattr(g, "layout_plan", None) is not None or _channels_last(x)):
+        from ..layout import channels_last_stride
+        stride = list(channels_last_stride(psize))
+    return g.realize(pw, stride).make_loader()
+
+
 def _channels_last(x: Any) -> bool:
     lay = getattr(x, "layout", None)
     if lay is None or len(lay.size) != 4:
@@ -307,20 +334,25 @@ def _candidates(n_in: int, n_out: int, k: int, s: int, p: int, d: int) -> int:
     return ((k - 1) * d) // s + 1
 
 
-def _out_positions(i: Any, n_out: int, k: int, s: int, p: int, d: int
-                   ) -> list[tuple[Any, Any]]:
+def _out_positions(i: Any, n_out: int, k: int, s: int, p: int, d: int, n: int
+                   ) -> list[tuple[Any, Any, Any]]:
     """The outputs ``o`` whose window's span ``[o*s - p, o*s - p + (k-1)*d]`` holds input position
-    ``i``, ascending: (o clamped into [0, n_out), validity predicate or None)."""
+    ``i`` (of ``n``), ascending: (o clamped into [0, n_out), validity predicate or None, o).
+    Bounds that hold for every ``i`` are neither clamped nor checked."""
     c = _candidates(0, n_out, k, s, p, d)
     hi = FloorDiv(i + p, s)  # the last output whose window starts at or before i
     out = []
     for j in range(c):
-        o = hi - (c - 1 - j)
+        m = c - 1 - j
+        o = hi - m
+        low = p // s - m < 0  # o < 0 for some i
+        high = (n - 1 + p) // s - m > n_out - 1  # o >= n_out for some i
         conds = None
-        if c - 1 - j > 0:
+        if low:
             conds = _and(conds, ops.ge(_i(o), _c(0)))
-        conds = _and(conds, ops.lt(_i(o), _c(n_out)))
-        out.append((sympy.Min(sympy.Max(o, 0), n_out - 1), conds, o))
+        if high:
+            conds = _and(conds, ops.lt(_i(o), _c(n_out)))
+        out.append((_clamp(o, n_out, low, high), conds, o))
     return out
 
 
@@ -343,20 +375,41 @@ def max_pool2d_with_indices_backward(grad: Any, x: Any, kernel_size: Any, stride
         raise Unsupported("indices dtype")
     reads = ch * cw * (H * W) / (OH * OW)
     grad, indices = _shared(grad, reads), _shared(indices, reads)
-    gl, il = grad.make_loader(), indices.make_loader()
     dt = meta().dtype
+    # candidate outputs outside [0, OH) x [0, OW): the gradient and the indices are stored with
+    # a border around them (-0.0 and -1, an index no element has), so that the gather reads
+    # every candidate unmasked (clamped loads of the indices left the loop scalar)
+    lo_h, lo_w = max(0, ch - 1 - p[0] // s[0]), max(0, cw - 1 - p[1] // s[1])
+    hi_h = max(0, (H - 1 + p[0]) // s[0] - (OH - 1))
+    hi_w = max(0, (W - 1 + p[1]) // s[1] - (OW - 1))
+    if lo_h or lo_w or hi_h or hi_w:
+        gl = _bordered(grad, calc, lo_h, hi_h, lo_w, hi_w, -0.0)
+        il = _bordered(indices, torch.int64, lo_h, hi_h, lo_w, hi_w, -1)
+        offset = (lo_h, lo_w)
+        g_dtype = calc
+    else:
+        gl, il = grad.make_loader(), indices.make_loader()
+        offset = None
+        g_dtype = grad.dtype
+
+    def cands(i: Any, n_out: int, k_: int, s_: int, p_: int, d_: int, n: int, lo: int) -> Any:
+        if offset is None:
+            return _out_positions(i, n_out, k_, s_, p_, d_, n)
+        return [(o + lo, None, o) for _, _, o in _out_positions(i, n_out, k_, s_, p_, d_, n)]
 
     def inner(idx: Sequence[Any]) -> Any:
         lead, ih, iw = list(idx[:-2]), idx[-2], idx[-1]
         me = _i(ih * W + iw)
         acc = ops.constant(0, calc)
-        for oh, vh, _ in _out_positions(ih, OH, k[0], s[0], p[0], d[0]):
-            for ow, vw, _ in _out_positions(iw, OW, k[1], s[1], p[1], d[1]):
+        for oh, vh, _ in cands(ih, OH, k[0], s[0], p[0], d[0], H, lo_h):
+            for ow, vw, _ in cands(iw, OW, k[1], s[1], p[1], d[1], W, lo_w):
                 take = _and(_and(vh, vw), ops.eq(il(lead + [oh, ow]), me))
                 g = gl(lead + [oh, ow])
-                if grad.dtype != calc:
+                if g_dtype != calc:
                     g = ops.to_dtype(g, calc)
-                acc = ops.add(acc, ops.where(take, g, ops.constant(-0.0, calc)))
+                # +0.0 (the sum starts at +0.0, so it never is -0.0): gcc vectorized this gather
+                # with 0.0f, not with -0.0f (the padded copies are the other way round)
+                acc = ops.add(acc, ops.where(take, g, ops.constant(0.0, calc)))
         return ops.to_dtype(acc, dt) if calc != dt else acc
 
     return _pointwise(grad, dt, size, inner, 4 * ch * cw + grad.op_count() + indices.op_count(),
@@ -492,14 +545,14 @@ def avg_pool2d_backward(grad: Any, x: Any, kernel_size: Any, stride: Any, paddin
     def inner(idx: Sequence[Any]) -> Any:
         lead, ih, iw = list(idx[:-2]), idx[-2], idx[-1]
         acc = ops.constant(0, calc)
-        for _, _, rh in _out_positions(ih, OH, k[0], s[0], p[0], 1):
+        for _, _, rh in _out_positions(ih, OH, k[0], s[0], p[0], 1, H):
             vh = covers(ih, rh, k[0], s[0], p[0]) if ch > 1 or k[0] < s[0] else None
-            for _, _, rw in _out_positions(iw, OW, k[1], s[1], p[1], 1):
+            for _, _, rw in _out_positions(iw, OW, k[1], s[1], p[1], 1, W):
                 vw = covers(iw, rw, k[1], s[1], p[1]) if cw > 1 or k[1] < s[1] else None
                 g = gl(lead + [rh + lo_h, rw + lo_w])
                 valid = _and(vh, vw)
                 if valid is not None:
-                    g = ops.where(valid, g, ops.constant(-0.0, calc))
+                    g = ops.where(valid, g, ops.constant(0.0, calc))
                 acc = ops.add(acc, g)
         return ops.to_dtype(acc, dt) if calc != dt else acc
 
