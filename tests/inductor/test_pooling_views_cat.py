@@ -57,3 +57,16 @@ def test_flip_dims() -> None:
     out, _ = generate_source(src, key="test_flip")
     assert "aten.flip" not in out
     assert_same(compile_strict(fn)(x, n), fn(x, n))
+
+
+def test_negative_padding_crops() -> None:
+    # constant_pad_nd with negative pads (the backward of F.pad(y[:, 1:], ...)) was an ATen fallback
+    def fn(x: torch.Tensor) -> Any:
+        return tuple(F.pad(x, pad, value=1.5) * 2 for pad in
+                     [(0, 0, 0, -1), (-1, 2, 1, -2), (-2, -1), (1, -3, 0, 0, -1, 1)])
+
+    x = torch.randn(3, 5, 6)
+    gm = make_fx(fn, decomposition_table=decompositions())(x)
+    src, _ = generate_source(gm, key="test_negative_pad")
+    assert "aten.constant_pad_nd" not in src
+    assert_same(compile_strict(fn)(x), fn(x))

@@ -415,7 +415,8 @@ def constant_pad_nd(x: Any, pad: Sequence[int], value: Any = 0) -> Any:
         src = [i - l for i, l in zip(idx, lo)]
         cond = None
         for k in range(n):
-            if lo[k] == 0 and statically_true(sympy.sympify(out_size[k]) <= in_size[k]):
+            # no check where every source index is inside the input (a negative padding crops)
+            if lo[k] <= 0 and statically_true(sympy.sympify(out_size[k] - lo[k]) <= in_size[k]):
                 continue
             e = ops.index_expr(src[k], torch.int64)
             c = ops.logical_and(ops.ge(e, ops.constant(0, torch.int64)),
@@ -425,8 +426,6 @@ def constant_pad_nd(x: Any, pad: Sequence[int], value: Any = 0) -> Any:
             return ld(src)
         return ops.where(cond, ops.masked(cond, lambda: ld(src), value, dt), ops.constant(value, dt))
 
-    if any(p < 0 for p in pad):
-        raise Unsupported("negative padding")
     return Pointwise(m.device, dt, out_size, inner, x.op_count() + 3)
 
 
