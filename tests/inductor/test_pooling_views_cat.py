@@ -70,3 +70,14 @@ def test_negative_padding_crops() -> None:
     src, _ = generate_source(gm, key="test_negative_pad")
     assert "aten.constant_pad_nd" not in src
     assert_same(compile_strict(fn)(x), fn(x))
+
+
+def test_transposed_output_computed_along_its_loads() -> None:
+    # eager's output strides put T innermost while every load runs along C: the value is
+    # computed contiguously (vector code) and copied into eager's strides
+    g = torch.Generator().manual_seed(1)
+    x, w = torch.randn(4, 64, 64, generator=g), torch.randn(64, generator=g)
+    gm = make_fx(lambda a, b: (_views_cat(a, b),), decomposition_table=decompositions())(x, w)
+    src, _ = generate_source(gm, key="test_views_cat_transposed")
+    assert "<- output_strides" in src, src[-1500:]
+    assert_same(compile_strict(_views_cat)(x, w), _views_cat(x, w), check_stride=True)
