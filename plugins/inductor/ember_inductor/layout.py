@@ -810,6 +810,22 @@ def lower_pool(g: Any, plan: LayoutPlan, node: torch.fx.Node, args: Sequence[Any
 def lower_with_layout(g: Any, plan: LayoutPlan, node: torch.fx.Node, args: Sequence[Any],
                       kwargs: dict[str, Any]) -> Any:
     if node.target in POOL_OPS:
+        # pooling lowered to generated code (lowering/pooling.py) reads any layout and is stored
+        # channels-last like every 4-d float value of the plan; what it does not handle runs as
+        # ATen's channels-last kernel
+        from .lowering.registry import LOWERINGS, Unsupported
+
+        fn = LOWERINGS.get(node.target)
+        if fn is not None:
+            try:
+                result = fn(*args, **kwargs)
+            except Unsupported:
+                result = None
+            if result is not None:
+                counters["pool"] += 1
+                if isinstance(result, tuple):
+                    return result  # read through getitem nodes, realized there
+                return g._maybe_realize(node, result)
         return lower_pool(g, plan, node, args, kwargs)
     if node.target is aten.relu.default or node.target is aten.add.Tensor:
         # the ReLU of a fused convolution epilogue (the add in between lowers as usual and,

@@ -317,7 +317,9 @@ class Scheduler:
 def _coeffs(e: Any, vs: Sequence[Any]) -> list[Any] | None:
     """Coefficients of ``e`` in the loop variables ``vs``; None unless ``e`` is affine in them."""
     e = sympy.sympify(e)
-    for atom in e.atoms(FloorDiv, ModularIndexing):
+    # e.coeff(v) does not see v inside a function: Min/Max (a clamp, a pooling window's size)
+    # read as not depending on v, and merging loops then evaluated them at v = 0
+    for atom in e.atoms(FloorDiv, ModularIndexing, sympy.Min, sympy.Max):
         if atom.free_symbols & set(vs):
             return None
     out = []

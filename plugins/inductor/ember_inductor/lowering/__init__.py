@@ -1,7 +1,7 @@
 """ATen op -> IR. Importing this package registers every lowering in ``LOWERINGS``."""
 
 # registration side effects
-from . import indexing, pointwise, random, reductions, views  # noqa: F401
+from . import indexing, pointwise, pooling, random, reductions, views  # noqa: F401
 from .graph import GraphLowering
 from .registry import LOWERINGS, Unsupported
 

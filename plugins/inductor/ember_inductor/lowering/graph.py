@@ -62,6 +62,48 @@ def _static_strides(node: torch.fx.Node) -> list[int] | None:
     return list(v.stride())
 
 
+def _loads_across(value: Pointwise, strides: Sequence[int] | None) -> bool:
+    """Does a pointwise output with eager's ``strides`` (a permutation whose stride-1 dim is not
+    the last) do real work (two loads or more) whose loads all run contiguously along the last
+    dim? Stored in eager's order, its inner loop would read every input with a large stride
+    (gcc leaves it scalar: views_cat's ``relu(z.sum(2)).transpose(1, 2) + y``), slower than
+    computing it contiguously and copying it."""
+    import math
+
+    from ..scheduler import _RecordHandler
+    from ..sizes import FloorDiv, ModularIndexing, var
+    from ..virtualized import set_ops_handler
+
+    size = value.get_size()
+    n = len(size)
+    if strides is None or n < 2 or not all(isinstance(v, int) for v in size):
+        return False
+    if size[-1] == 1 or strides[-1] == 1 or math.prod(size) < 4096:
+        return False
+    if dense_stride(size, strides) != list(strides):
+        return False  # not a dense permutation
+    rec = _RecordHandler()
+    idx = [var(i) for i in range(n)]
+    try:
+        with set_ops_handler(rec):
+            value.inner_fn(idx)
+    except Exception:  # a body the recorder cannot run: keep eager's order
+        return False
+    loads = [sympy.sympify(e) for name, e in rec.loads if name]
+    if len(loads) < 2:
+        return False
+    last = idx[-1]
+    for e in loads:
+        if e.has(FloorDiv) or e.has(ModularIndexing) or e.has(sympy.Min) or e.has(sympy.Max):
+            return False
+        c = e.coeff(last)
+        if c == 0:
+            continue  # a broadcast along the last dim
+        if c != 1:
+            return False
+    return any(e.coeff(last) == 1 for e in loads)
+
+
 def layout_of(t: torch.Tensor, offset: Any = 0) -> Layout:
     return Layout(tuple(to_expr(s) for s in t.shape), tuple(to_stride(s) for s in t.stride()),
                   t.dtype, t.device, offset)
@@ -319,6 +361,10 @@ class GraphLowering:
                 if isinstance(v, IRNode) and not isinstance(v, NoneValue):
                     if self.layout_plan is not None:
                         v = self._layout_output(pos, v, o.meta.get("val"))
+                    elif isinstance(v, Pointwise) and _loads_across(v, _static_strides(o)):
+                        # computed in the order its loads walk (vector code), then copied into
+                        # eager's strides by _meta_strides below
+                        v = self.realize(v)
                     elif isinstance(v, (Pointwise, Reduction)) and _static_strides(o):
                         v = self.realize(v, _static_strides(o))  # eager's, dense or not
                     else:

@@ -69,8 +69,32 @@ def reduce(x: Any, dims: Sequence[int], keepdim: bool, rtype: str, out_dtype: to
 
     if product(rranges) == 0 and rtype in ("max", "min", "argmax", "argmin"):
         raise Unsupported("empty max/min reduction")  # eager raises; let ATen say so
+    n = product(rranges)
+    if rtype == "sum" and isinstance(n, int) and 1 < n <= TINY_SUM and rranges:
+        return _unrolled_sum(x, out_dtype, out_size, rranges, inner, acc)
     red = Reduction(x.device, out_dtype, out_size, rranges, rtype, inner, acc)
     return current().realize(red)
+
+
+#: sums of at most this many elements are unrolled into a pointwise body (a sum over a dim of
+#: size 3 after a reshape: a reduction loop of 3 iterations innermost, scalar, its value stored)
+TINY_SUM = 3
+
+
+def _unrolled_sum(x: Any, out_dtype: torch.dtype, out_size: Sequence[Any],
+                  rranges: Sequence[Any], inner: Any, acc: torch.dtype) -> Any:
+    import itertools
+
+    points = list(itertools.product(*[range(int(r)) for r in rranges]))
+
+    def body(idx: Sequence[Any]) -> Any:
+        total = ops.constant(0, acc)  # as the reduction's accumulator starts
+        for r in points:
+            total = ops.add(total, inner(idx, list(r)))
+        return ops.to_dtype(total, out_dtype) if acc != out_dtype else total
+
+    cost = len(points) * (1 + x.op_count()) + 1
+    return Pointwise(x.device, out_dtype, out_size, body, cost)
 
 
 def _acc_to_out(buf: Any, out_dtype: torch.dtype) -> Any:

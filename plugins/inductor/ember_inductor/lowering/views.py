@@ -271,6 +271,22 @@ def _divides(remap: Remap, n: int) -> bool:
                for e in remap([var(i) for i in range(n)]) if hasattr(e, "has"))
 
 
+@register(aten.flip.default)
+def flip(x: Any, dims: Sequence[int]) -> Any:
+    """A reversed index (torch's flip copies: strides cannot be negative), lazy: it fuses into
+    its consumer instead of an ATen copy of a stored input."""
+    size = x.get_size()
+    n = len(size)
+    if n == 0:
+        return x
+    ds = {d % n for d in dims}
+    ld = x.make_loader()
+
+    def inner(idx: Sequence[Any]) -> Any:
+        return ld([size[i] - 1 - v if i in ds else v for i, v in enumerate(idx)])
+    return Pointwise(x.device, x.dtype, list(size), inner, x.op_count())
+
+
 @register(aten.alias.default, aten.detach.default, aten.lift_fresh.default)
 def alias(x: Any) -> Any:
     return x
@@ -399,7 +415,8 @@ def constant_pad_nd(x: Any, pad: Sequence[int], value: Any = 0) -> Any:
         src = [i - l for i, l in zip(idx, lo)]
         cond = None
         for k in range(n):
-            if lo[k] == 0 and statically_true(sympy.sympify(out_size[k]) <= in_size[k]):
+            # no check where every source index is inside the input (a negative padding crops)
+            if lo[k] <= 0 and statically_true(sympy.sympify(out_size[k] - lo[k]) <= in_size[k]):
                 continue
             e = ops.index_expr(src[k], torch.int64)
             c = ops.logical_and(ops.ge(e, ops.constant(0, torch.int64)),
@@ -409,8 +426,6 @@ def constant_pad_nd(x: Any, pad: Sequence[int], value: Any = 0) -> Any:
             return ld(src)
         return ops.where(cond, ops.masked(cond, lambda: ld(src), value, dt), ops.constant(value, dt))
 
-    if any(p < 0 for p in pad):
-        raise Unsupported("negative padding")
     return Pointwise(m.device, dt, out_size, inner, x.op_count() + 3)
 
 
