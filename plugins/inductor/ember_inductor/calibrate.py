@@ -166,3 +166,8 @@ def machine_info() -> dict[str, Any]:
     from .autotune import machine
 
     return {"parallel_min_work": parallel_min_work(), **machine()}
+
+
+def column_tile() -> int:
+    """Outputs per tile of the column form of reductions over strided values (codegen/cpp.py)."""
+    return 256
