@@ -438,6 +438,7 @@ class CppKernel:
         self.checked = False  # some statement can fail as eager would: return a status
         # where loads that do not move along the inner loop go (see hoistable); None: nowhere
         self.hoist: dict[str, Any] | None = None
+        self.hoisted_names: set[str] = set()
         self.masked_depth = 0
 
     _INVARIANT = re.compile(r"^[xs]\d+$")
@@ -467,7 +468,7 @@ class CppKernel:
             return v
         name = self.new_tmp()
         self._insert_hoisted(f"{compute_type(dtype)} {name} = {expr};")
-        h.setdefault("names", set()).add(name)
+        self.hoisted_names.add(name)
         v = CppVar(name, dtype)
         h["scope"][key] = v
         return v
@@ -490,7 +491,7 @@ class CppKernel:
         h = self.hoist
         if h is None or self.masked_depth:
             return False
-        names = h.get("names", ())
+        names = self.hoisted_names  # in scope where CSE finds them: before any inner loop here
         moving = h.get("moving")
         pat = self._INVARIANT_R if h.get("rvars") else self._INVARIANT
         for ident in self._IDENT.findall(expr):
@@ -509,10 +510,15 @@ class CppKernel:
         self.checked = True
         text = (f"if (__builtin_expect({cond}, 0)) {{ "
                 f"__atomic_store_n(&e_status, {code}, __ATOMIC_RELAXED);{f' {then}' if then else ''} }}")
+        key = f"check|{text}"
+        if self._seen(key) is not None:
+            return  # the same value checked already (an index a later loop reads again)
         if self.invariant_expr(cond) and self.invariant_expr(then.replace("=", " ").rstrip(";")):
             self._insert_hoisted(text)  # on values computed before the inner loop: checked there
+            self.hoist["scope"][key] = CppVar("", torch.bool)  # type: ignore[index]
         else:
             self.line(text)
+            self.scopes[-1][key] = CppVar("", torch.bool)
 
     # -- emission helpers ----------------------------------------------------------------------
     def _seen(self, key: str) -> CppVar | None:
@@ -688,8 +694,10 @@ class CppKernel:
                 # may be contiguous in it (one that does not, a per-row value such as a
                 # LayerNorm's mean, is a broadcast in the vector loop), and one must be
                 # contiguous along the outputs
+                # (an index read from a tensor, an embedding's row, may move along anything)
                 moving = [e for e in (sympy.sympify(e) for n, e in m.loads if n)
-                          if e.coeff(rl) != 0]
+                          if e.coeff(rl) != 0 or any(str(v).startswith("_ind")
+                                                     for v in e.free_symbols)]
                 if any(e.coeff(rl) == 1 and e.coeff(xl) != 0 for e in moving):
                     return False
                 strided |= any(e.coeff(xl) == 1 for e in moving)
