@@ -194,9 +194,11 @@ def test_embedding_index_checked_before_the_vector_loop() -> None:
         fn(bad, w)
 
 
-def test_column_tile_is_timed_once_and_cached(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_column_tile_is_timed_once_and_cached(monkeypatch: pytest.MonkeyPatch,
+                                              tmp_path: Path) -> None:
     from ember_inductor import calibrate
 
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(calibrate, "tile_override", [None])
     monkeypatch.setattr(torch, "get_num_threads", lambda: 5)  # a machine key of its own
     calls = []
