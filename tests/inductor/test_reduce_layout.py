@@ -217,3 +217,23 @@ def test_column_tile_is_timed_once_and_cached(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(calibrate, "tile_override", [64])
     cpp = _cpp(lambda a: a.sum(0), torch.randn(33, 300))
     assert "acc0[64]" in cpp and "tiles of up to 64" in cpp, cpp
+
+
+def _long_columns(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    var, mean = torch.var_mean(a, 0)
+    return a.sum(0), var, mean, b.sum((0, 1)), (b * 2.0).sum(1), b.amax((0, 1))
+
+
+def test_long_column_sums_in_float_chunks() -> None:
+    """Column sums over at least 1024 values: float tiles per chunk added to double tiles (the
+    chunk loop's bounds: lengths not multiples of the chunk, a chunk of several rows)."""
+    torch.manual_seed(0)
+    a = torch.randn(1500, 37) + 3.0
+    b = torch.randn(5, 450, 19)
+    cpp = _cpp(_long_columns, a, b)
+    assert "accp0[" in cpp and "double acc0[" in cpp, cpp
+    fn = compile_strict(_long_columns)
+    out = fn(a, b)
+    ref = _long_columns(a.double(), b.double())
+    for o, e in zip(out, ref):
+        torch.testing.assert_close(o, e.float(), atol=1e-4, rtol=1e-5)

@@ -762,17 +762,35 @@ class CppKernel:
             reds = [(j + i, m) for i, m in enumerate(x for x in ms
                                                       if isinstance(x.node.data, Reduction))]
             j += len(reds)
+            wide: set[int] = set()
             for a, m in reds:
                 red = m.node.data
                 at = compute_type(red.src_dtype)
                 if (at == "float" and red.reduction_type == "sum"
                         and _at_least(product(inner), DOUBLE_ACC_MIN)):
                     at = "double"
+                    wide.add(a)
                 init = _reduction_init(red.reduction_type, red.src_dtype)
                 self.line(f"{at} acc{a}[{tile}];")
                 self.line(f"for (int64_t {xn} = xt; {xn} < xe; {xn}++) acc{a}[{xn} - xt] = {init};")
+            # long float sums: float tiles over chunks of about DOUBLE_ACC_MIN values (full-width
+            # vectors), each chunk added to the double tile (as for the row form's sums)
+            rest = product(inner[1:]) if len(inner) > 1 else 1
+            chunk = (max(1, DOUBLE_ACC_MIN // int(rest))
+                     if wide and not is_symbolic(rest) else None)
+            if chunk is not None:
+                n0 = to_c(inner[0])
+                self.line(f"for (int64_t r0c = 0; r0c < {n0}; r0c += {chunk}) {{")
+                self.indent += 1
+                self.line(f"const int64_t r0e = r0c + {chunk} < {n0} ? r0c + {chunk} : {n0};")
+                for a in sorted(wide):
+                    self.line(f"float accp{a}[{tile}];")
+                    self.line(f"for (int64_t {xn} = xt; {xn} < xe; {xn}++) accp{a}[{xn} - xt] = 0.0f;")
             for i, sz in enumerate(inner):
-                self.line(f"for (int64_t r{i} = 0; r{i} < {to_c(sz)}; r{i}++) {{")
+                if i == 0 and chunk is not None:
+                    self.line("for (int64_t r0 = r0c; r0 < r0e; r0++) {")
+                else:
+                    self.line(f"for (int64_t r{i} = 0; r{i} < {to_c(sz)}; r{i}++) {{")
                 self.indent += 1
             self.scopes.append({})
             # loads that do not move along the tile (a per-row value, an embedding's index) are
@@ -795,7 +813,8 @@ class CppKernel:
                     continue
                 if value.dtype != red.src_dtype:
                     value = CppOps(self).to_dtype(value, red.src_dtype)
-                a = f"acc{acc_of[id(m)]}[{xn} - xt]"
+                ai = acc_of[id(m)]
+                a = f"acc{'p' if chunk is not None and ai in wide else ''}{ai}[{xn} - xt]"
                 comb = {"sum": f"{a} + {value}", "prod": f"{a} * {value}",
                         "max": f"e_max({a}, {value})", "min": f"e_min({a}, {value})",
                         "any": f"{a} || {value}", "all": f"{a} && {value}"}[red.reduction_type]
@@ -806,6 +825,14 @@ class CppKernel:
             self.line("}")
             self.scopes.pop()
             for _ in inner:
+                self.indent -= 1
+                self.line("}")
+            if chunk is not None:
+                self.line("#pragma omp simd")
+                self.line(f"for (int64_t {xn} = xt; {xn} < xe; {xn}++) {{")
+                for a in sorted(wide):
+                    self.line(f"  acc{a}[{xn} - xt] = acc{a}[{xn} - xt] + accp{a}[{xn} - xt];")
+                self.line("}")
                 self.indent -= 1
                 self.line("}")
             for name in pw_local:  # values of the vector loop are out of scope now
