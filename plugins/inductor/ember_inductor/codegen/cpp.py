@@ -499,7 +499,7 @@ class CppKernel:
                 continue
             if pat.match(ident) and ident != moving:
                 continue
-            if ident.startswith("acc_") and not h.get("rvars"):
+            if ident.startswith("acc_") and h.get("finished_accs"):
                 continue  # an earlier block's finished reduction (a softmax's sum)
             return False
         return True
@@ -967,7 +967,10 @@ class CppKernel:
         chunked = [m.node.name for m in reds if m.node.name in wide] if len(b.inner) == 1 else []
         part = {n: f"acc_{n}_p" for n in chunked}
         if b.inner:
-            self.hoist = {"pos": len(self.lines), "indent": self.indent, "scope": self.scopes[-1]}
+            # before the inner loop: the accumulators named so far are earlier blocks' results
+            # (this block's are only read after its loop)
+            self.hoist = {"pos": len(self.lines), "indent": self.indent, "scope": self.scopes[-1],
+                          "finished_accs": True}
             # every reduction of the block has an OpenMP reduction operator: "omp simd" makes
             # gcc keep one accumulator per vector lane. Float max/min track NaN in a flag (the
             # lanes compare with a plain > or <, which gcc vectorizes; a NaN-propagating
