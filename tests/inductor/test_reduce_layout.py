@@ -237,3 +237,47 @@ def test_long_column_sums_in_float_chunks() -> None:
     ref = _long_columns(a.double(), b.double())
     for o, e in zip(out, ref):
         torch.testing.assert_close(o, e.float(), atol=1e-4, rtol=1e-5)
+
+
+def _bn_train(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.batch_norm(x, None, None, w, b, training=True).relu()
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_batch_norm_statistics_channels_last(n: int) -> None:
+    """Training BatchNorm on channels-last activations: the per-channel statistics are sums
+    over strided values (every 37th), in the column form (with reductions over a size-1 dim
+    between the sums when the batch is 1)."""
+    torch.manual_seed(0)
+    x = torch.randn(n, 37, 9, 7).to(memory_format=torch.channels_last)
+    w, b = torch.randn(37), torch.randn(37)
+    cpp = _cpp(_bn_train, x, w, b)
+    assert "reductions over strided values" in cpp, cpp
+    fn = compile_strict(_bn_train)
+    assert_same(fn(x, w, b), _bn_train(x, w, b), atol=1e-4, rtol=1e-4)
+    # a training step: the forward graph's statistics (sums in double after a size-1 batch)
+    # and the backward's per-channel gradient sums
+    args = [t.clone().requires_grad_() for t in (x, w, b)]
+    ref = [t.clone().requires_grad_() for t in (x, w, b)]
+    g = torch.randn_like(x)
+    (fn(*args) * g).sum().backward()
+    (_bn_train(*ref) * g).sum().backward()
+    for a, e in zip(args, ref):
+        torch.testing.assert_close(a.grad, e.grad, atol=1e-4, rtol=1e-4)
+
+
+def _size1_between(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    s = x.sum(0, keepdim=True)
+    t = s.amax(0)   # a reduction over a size-1 dim, between two column sums
+    return t, (x * t).sum(0)
+
+
+def test_reduction_over_a_size1_dim_inside_a_column_chain() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(403, 37)
+    x[5, 3] = math.nan
+    cpp = _cpp(_size1_between, x)
+    assert "reductions over strided values" in cpp and "e_max(-__builtin_inff(), val0" in cpp, cpp
+    fn = compile_strict(_size1_between)
+    for a, e in zip(fn(x), _size1_between(x)):
+        torch.testing.assert_close(a, e, atol=1e-4, rtol=1e-4, equal_nan=True)

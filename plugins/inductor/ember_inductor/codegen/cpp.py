@@ -652,7 +652,8 @@ class CppKernel:
     def _pointwise_column_ok(self, g: FusedGroup, m: Member) -> bool:
         from ..sizes import var
         xl = var(len(g.outer) - 1)
-        if isinstance(m.node.data, Reduction):
+        if isinstance(m.node.data, Reduction) and m.node.data.reduction_type not in (
+                "sum", "prod", "max", "min", "any", "all"):
             return False
         if m.node.name in self.sched.local:
             return True
@@ -749,15 +750,40 @@ class CppKernel:
         chained = len(run) > 1
         for ms, inner in run:
             if not inner:
+                # pointwise work over the outputs, and reductions over nothing (a size-1 dim: the
+                # value combined with the initial one), one value per output
+                trivial = [m for m in ms if isinstance(m.node.data, Reduction)]
+                for m in trivial:
+                    self.line(f"{compute_type(m.node.dtype)} val{j}[{tile}];")
+                    self.local_values.pop(m.node.name, None)
+                    j += 1
                 self.line("#pragma omp simd")
                 self.line(f"for (int64_t {xn} = xt; {xn} < xe; {xn}++) {{")
                 self.indent += 1
                 self.scopes.append({})
+                done = {}
                 for m in ms:
-                    self.store(m, m.node.body(m.index, m.rindex))
+                    value = m.node.body(m.index, m.rindex)
+                    red = m.node.data
+                    if isinstance(red, Reduction):
+                        a = j - len(trivial) + trivial.index(m)
+                        if value.dtype != red.src_dtype:
+                            value = CppOps(self).to_dtype(value, red.src_dtype)
+                        init = _reduction_init(red.reduction_type, red.src_dtype)
+                        comb = {"sum": "{0} + {1}", "prod": "{0} * {1}", "max": "e_max({0}, {1})",
+                                "min": "e_min({0}, {1})", "any": "{0} || {1}",
+                                "all": "{0} && {1}"}[red.reduction_type].format(init, value)
+                        v = CppVar(f"({comb})", red.src_dtype)
+                        if v.dtype != m.node.dtype:
+                            v = CppOps(self).to_dtype(v, m.node.dtype)
+                        self.line(f"val{a}[{xn} - xt] = {v};")
+                        value = CppVar(f"val{a}[{xn} - xt]", m.node.dtype)
+                        done[m.node.name] = value
+                    self.store(m, value)
                 self.scopes.pop()
                 self.indent -= 1
                 self.line("}")
+                self.local_values.update(done)  # read by later blocks inside their own loops
                 continue
             reds = [(j + i, m) for i, m in enumerate(x for x in ms
                                                       if isinstance(x.node.data, Reduction))]
