@@ -281,3 +281,21 @@ def test_reduction_over_a_size1_dim_inside_a_column_chain() -> None:
     fn = compile_strict(_size1_between)
     for a, e in zip(fn(x), _size1_between(x)):
         torch.testing.assert_close(a, e, atol=1e-4, rtol=1e-4, equal_nan=True)
+
+
+def _masked_softmax(s: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(s.masked_fill(mask, float("-inf")) * 0.5, -1)
+
+
+def test_bool_mask_read_as_bytes() -> None:
+    """A causal mask (bool) read in the softmax's loops: as bytes (gcc leaves any loop that
+    loads a C++ bool scalar), with eager's results, rows fully masked included (NaN)."""
+    t = 37
+    s = torch.randn(3, t, t)
+    mask = torch.ones(t, t, dtype=torch.bool).triu(1)
+    mask[5] = True  # a fully masked row
+    cpp = _cpp(_masked_softmax, s, mask)
+    kernel = cpp[cpp.index('extern "C"'):]
+    assert "((const uint8_t*)" in kernel and not re.search(r"bool tmp\d+ = arg\d+\[", kernel), kernel
+    fn = compile_strict(_masked_softmax)
+    torch.testing.assert_close(fn(s, mask), _masked_softmax(s, mask), equal_nan=True)

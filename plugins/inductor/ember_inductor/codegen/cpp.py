@@ -309,7 +309,11 @@ class CppOps:
             return self._emit(f"{alias}[{to_c(index)}]", self.k.dtypes[name])
         dtype = self.k.dtypes[name]
         expr = f"{name}[{to_c(index)}]"
-        if dtype == torch.bfloat16:
+        if dtype == torch.bool:
+            # read as bytes: gcc vectorizes no loop that loads a C++ bool (a causal mask's
+            # masked_fill left the softmax around it scalar)
+            expr = f"(((const uint8_t*){name})[{to_c(index)}] != 0)"
+        elif dtype == torch.bfloat16:
             expr = f"e_bf16_to_float({expr})"
         elif dtype == torch.float16:
             expr = f"(float){expr}"
