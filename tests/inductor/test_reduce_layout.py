@@ -299,3 +299,23 @@ def test_bool_mask_read_as_bytes() -> None:
     assert "((const uint8_t*)" in kernel and not re.search(r"bool tmp\d+ = arg\d+\[", kernel), kernel
     fn = compile_strict(_masked_softmax)
     torch.testing.assert_close(fn(s, mask), _masked_softmax(s, mask), equal_nan=True)
+
+
+def _two_norms(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    y = torch.nn.functional.layer_norm(x, (x.shape[-1],), w) + x   # a residual, read again below
+    return y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + 1e-6) * 2.0 - x
+
+
+def test_row_value_read_by_a_later_loop_kept_in_a_stack_row() -> None:
+    """A value of a row computed in one reduction's loop and read by later loops of the same
+    row (a residual between two norms) is kept in a row on the stack, not in a buffer."""
+    torch.manual_seed(0)
+    x, w = torch.randn(3, 5, 77), torch.randn(77)
+    cpp = _cpp(_two_norms, x, w)
+    assert "row_buf" in cpp, cpp
+    assert cpp.count("float* __restrict__ buf") == 1, cpp  # only the output is written
+    import ember
+
+    fn = ember.compile(_two_norms, options={"debug_fill": True})
+    with ember.config.patch(suppress_errors=False):
+        assert_same(fn(x, w), _two_norms(x, w), atol=1e-5, rtol=1e-5)

@@ -323,13 +323,17 @@ class Scheduler:
             self.local.add(m.node.name)
 
     def _row_scratch_ok(self, g: FusedGroup, bi: int, m: Member, users: list[Any]) -> bool:
-        """``m`` (pointwise, one inner loop of a static length) is read only by members of later
+        """``m`` (pointwise, one inner loop) is read only by members of its own block and of later
         blocks of ``g`` over the same inner loop, where it was written (the scheduler's legality
-        rule): a stack row of its values replaces the buffer (computed once, not recomputed)."""
+        rule): a stack row of its values replaces the buffer (computed once, not recomputed, and
+        not written to memory: a residual read back by the next norm of the row)."""
         if not self.row_scratch or len(m.inner) != 1 or not users:
             return False
-        later = {id(x.node): b.inner for b in g.blocks[bi + 1:] for x in b.members}
-        return all(id(u) in later and list(later[id(u)]) == list(m.inner) for u in users)
+        # users in its own block read it from a register; later blocks from the row
+        later = {id(x.node): b.inner for b in g.blocks[bi:] for x in b.members}
+        return (all(id(u) in later and list(later[id(u)]) == list(m.inner) for u in users)
+                and any(id(u) in later for b in g.blocks[bi + 1:] for u in users
+                        if u in [x.node for x in b.members]))
 
     @staticmethod
     def _row_scratch_len(m: Member) -> bool:
