@@ -53,9 +53,11 @@ def _vector_report(cpp: str, tmp_path: Path) -> tuple[list[str], set[int]]:
 
 def _inner_reduction_loops(lines: list[str]) -> list[int]:
     """Line numbers (1-based) of the innermost loops over the reduction variable r0 (not the
-    outer r0 loop of a column reduction, whose inner loop runs over outputs)."""
+    outer r0 loop of a column reduction, whose inner loop runs over outputs, after the values
+    read once per row)."""
     return [i + 1 for i, s in enumerate(lines) if s.strip().startswith("for (int64_t r0 = 0;")
-            and not lines[i + 1].strip().startswith("#pragma omp simd")]
+            and not any(t.strip().startswith("for (int64_t x")
+                        for t in _loop_body(lines, i + 1)[1:])]
 
 
 def _vectorized(lines: list[str], ln: int, reported: set[int]) -> bool:

@@ -166,3 +166,130 @@ def machine_info() -> dict[str, Any]:
     from .autotune import machine
 
     return {"parallel_min_work": parallel_min_work(), **machine()}
+
+
+# -- the tile of column reductions ----------------------------------------------------------------
+
+#: outputs per tile of the column form (codegen/cpp.py ``column_reduction``): the candidates
+#: timed, and the tile used before calibration or where it cannot run
+TILE_CANDIDATES = (64, 128, 256, 512, 1024)
+DEFAULT_TILE = 256
+#: the shape timed: a mean and a variance (two dependent blocks, as the generated code runs them)
+#: over the rows of a [ROWS, COLS] float32 matrix, column tiles across COLS
+_TILE_ROWS, _TILE_COLS = 256, 2048
+_TILE_ROUNDS = 5
+
+#: a tile forced for the code generated now (tests): None: calibrated
+tile_override: list[int | None] = [None]
+
+_TILE_SOURCE = r"""
+template <int T>
+static void colvar(const float* __restrict__ a, float* __restrict__ out, long long rows,
+                   long long cols) {
+  for (long long xt = 0; xt < cols; xt += T) {
+    const long long xe = xt + T < cols ? xt + T : cols;
+    float acc0[T];
+    for (long long x = xt; x < xe; x++) acc0[x - xt] = 0.0f;
+    for (long long r = 0; r < rows; r++) {
+      #pragma omp simd
+      for (long long x = xt; x < xe; x++) acc0[x - xt] = acc0[x - xt] + a[r * cols + x];
+    }
+    float val0[T];
+    for (long long x = xt; x < xe; x++) val0[x - xt] = acc0[x - xt] / (float)rows;
+    float acc1[T];
+    for (long long x = xt; x < xe; x++) acc1[x - xt] = 0.0f;
+    for (long long r = 0; r < rows; r++) {
+      #pragma omp simd
+      for (long long x = xt; x < xe; x++) {
+        float d = a[r * cols + x] - val0[x - xt];
+        acc1[x - xt] = acc1[x - xt] + d * d;
+      }
+    }
+    for (long long x = xt; x < xe; x++) out[x] = acc1[x - xt];
+  }
+}
+@@WRAPPERS@@
+"""
+
+
+def _tile_source() -> str:
+    wrappers = "\n".join(
+        f'extern "C" void ember_cal_tile{t}(const float* a, float* o, long long r, long long c, '
+        f'long long reps) {{ for (long long i = 0; i < reps; i++) colvar<{t}>(a, o, r, c); }}'
+        for t in TILE_CANDIDATES)
+    return _TILE_SOURCE.replace("@@WRAPPERS@@", wrappers)
+
+
+def _measure_tiles() -> dict[int, float]:
+    """{tile: seconds per pass over the matrix}, the fastest of interleaved rounds."""
+    import ctypes
+
+    import torch
+
+    from .runtime.cache import load_cpp
+
+    lib = load_cpp(_tile_source())
+    fns = {}
+    for t in TILE_CANDIDATES:
+        f = getattr(lib, f"ember_cal_tile{t}")
+        f.argtypes = [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_longlong] * 3
+        f.restype = None
+        fns[t] = f
+    a = torch.rand(_TILE_ROWS, _TILE_COLS)
+    o = torch.empty(_TILE_COLS)
+    reps = 4
+    times: dict[int, list[float]] = {t: [] for t in fns}
+    for f in fns.values():  # warm-up (page faults, caches)
+        f(a.data_ptr(), o.data_ptr(), _TILE_ROWS, _TILE_COLS, 1)
+    for _ in range(_TILE_ROUNDS):
+        for t, f in fns.items():
+            t0 = time.perf_counter()
+            f(a.data_ptr(), o.data_ptr(), _TILE_ROWS, _TILE_COLS, reps)
+            times[t].append((time.perf_counter() - t0) / reps)
+    return {t: min(v) for t, v in times.items()}
+
+
+@functools.lru_cache(maxsize=None)
+def _tile_calibrated(key: str) -> int:
+    from .autotune import machine
+    from .runtime.cache import get_text, put_text
+
+    text = get_text("calibrate", key)
+    if text is not None:
+        try:
+            value = int(json.loads(text)["column_tile"])
+            if value in TILE_CANDIDATES:
+                counters["cached"] += 1
+                return value
+        except (ValueError, KeyError, TypeError):
+            pass
+    try:
+        t0 = time.perf_counter()
+        times = _measure_tiles()
+    except Exception as e:  # no compiler, a failed build: the default, not cached
+        log.info("column tile calibration failed (%s: %s); using %d", type(e).__name__, e,
+                 DEFAULT_TILE)
+        return DEFAULT_TILE
+    # the fastest; a smaller tile within 2% of it (noise) is kept instead (less stack, more
+    # tiles to share among threads)
+    best = min(times, key=times.__getitem__)
+    value = min(t for t in TILE_CANDIDATES if times[t] <= times[best] * 1.02)
+    counters["measured"] += 1
+    put_text("calibrate", key, json.dumps({
+        "column_tile": value, "machine": machine(),
+        "us_per_pass": {str(t): s * 1e6 for t, s in times.items()}}))
+    log.debug("column reduction tile: %d outputs (calibrated in %.2fs: %s)", value,
+              time.perf_counter() - t0, {t: round(s * 1e6, 1) for t, s in times.items()})
+    return value
+
+
+def column_tile() -> int:
+    """Outputs per tile of the column form of reductions over strided values (codegen/cpp.py):
+    the fastest of :data:`TILE_CANDIDATES` on this machine, timed once per machine (CPU model,
+    ISA, threads, torch version) on a mean and variance over the rows of a 256x2048 matrix, and
+    kept in the on-disk cache."""
+    if tile_override[0] is not None:
+        return tile_override[0]
+    from .autotune import machine_key
+
+    return _tile_calibrated("column_tile|" + machine_key())

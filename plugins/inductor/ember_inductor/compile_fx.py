@@ -142,8 +142,11 @@ def generate_source(gm: torch.fx.GraphModule, key: str = "",
         graph.shifted_var_mean = graph.random_in_kernels = target.name == "triton"
         # channels-last activations in graphs with convolutions (layout.py)
         graph.layout_plan = plan_for(gm, options or {})
+        # C++ keeps values read back by a later loop of their row in a stack row (or the
+        # output) instead of a buffer (scheduler.ROW_SCRATCH_MAX); lowering stores them then
+        graph.row_scratch = target.name == "cpp"
         graph.run()
-        sched = Scheduler(graph)
+        sched = Scheduler(graph, row_scratch=graph.row_scratch)
         dtypes = {b.name: b.dtype for b in graph.operations}
         dtypes.update({b.name: b.dtype for b in graph.inputs})
         for name, t in graph.constants.items():

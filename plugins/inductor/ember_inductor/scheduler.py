@@ -164,11 +164,22 @@ def _reads_of(op: Buffer) -> set[str]:
     return names
 
 
+#: a pointwise value read only by later loop blocks of its group (a softmax's ``exp(x - max)``,
+#: read back by the normalization) is kept in a row of at most this many elements on the stack
+ROW_SCRATCH_MAX = 4096
+
+
 class Scheduler:
-    def __init__(self, graph: Any):
+    def __init__(self, graph: Any, row_scratch: bool = False):
         self.graph = graph
         self.steps: list[Any] = []            # CppRegion | ExternKernel | MultiOutput
         self.local: set[str] = set()          # buffers never stored (kept in registers)
+        # (C++ only) buffers of ``local`` kept in a per-row stack array instead: name -> length
+        self.row_scratch = row_scratch
+        self.row_local: dict[str, int] = {}
+        # (C++ only) buffers of ``local`` written into the one buffer that reads them, at the
+        # same index, before it overwrites them (a softmax's exp(x - max), then its division)
+        self.row_alias: dict[str, str] = {}
         self.output_names: set[str] = set()
         for o in graph.outputs:
             if isinstance(o, (Buffer, ReinterpretView)):
@@ -286,6 +297,7 @@ class Scheduler:
                 blocks.append(LoopBlock(m.inner, [m]))
         g.blocks = blocks
         # which values never need storing
+        pending: list[tuple[Member, list[Any]]] = []
         for bi, b in enumerate(blocks):
             for m in b.members:
                 name = m.node.name
@@ -296,8 +308,53 @@ class Scheduler:
                     ok = all(u in [x.node for x in g.members] for u in users)
                 else:
                     ok = all(u in [x.node for x in b.members] for u in users)
+                    if not ok and self._row_scratch_ok(g, bi, m, users):
+                        pending.append((m, users))
                 if ok:
                     self.local.add(name)
+        for m, users in pending:  # once the users' own storage is known
+            alias = self._row_alias(g, m, users)
+            if alias is not None:
+                self.row_alias[m.node.name] = alias
+            elif self._row_scratch_len(m):
+                self.row_local[m.node.name] = int(m.inner[0])
+            else:
+                continue
+            self.local.add(m.node.name)
+
+    def _row_scratch_ok(self, g: FusedGroup, bi: int, m: Member, users: list[Any]) -> bool:
+        """``m`` (pointwise, one inner loop) is read only by members of its own block and of later
+        blocks of ``g`` over the same inner loop, where it was written (the scheduler's legality
+        rule): a stack row of its values replaces the buffer (computed once, not recomputed, and
+        not written to memory: a residual read back by the next norm of the row)."""
+        if not self.row_scratch or len(m.inner) != 1 or not users:
+            return False
+        # users in its own block read it from a register; later blocks from the row
+        later = {id(x.node): b.inner for b in g.blocks[bi:] for x in b.members}
+        return (all(id(u) in later and list(later[id(u)]) == list(m.inner) for u in users)
+                and any(id(u) in later for b in g.blocks[bi + 1:] for u in users
+                        if u in [x.node for x in b.members]))
+
+    @staticmethod
+    def _row_scratch_len(m: Member) -> bool:
+        n = m.inner[0]
+        return isinstance(n, (int, sympy.Integer)) and 1 < int(n) <= ROW_SCRATCH_MAX
+
+    def _row_alias(self, g: FusedGroup, m: Member, users: list[Any]) -> str | None:
+        """The one user of ``m`` that stores its result where ``m`` would, in the same dtype:
+        ``m``'s values can be written there and read back (then overwritten) by it."""
+        if len(users) != 1:
+            return None
+        u = next((x for x in g.members if x.node is users[0]), None)
+        if (u is None or isinstance(u.node.data, Reduction) or u.node.dtype != m.node.dtype
+                or u.node.name in self.local):
+            return None
+        try:
+            if sympy.expand(u.store_index - m.store_index) != 0:
+                return None
+        except TypeError:
+            return None
+        return u.node.name
 
     def _region_io(self, r: CppRegion) -> None:
         written = []

@@ -307,6 +307,14 @@ def _softmax(x: Any, dim: int, log: bool) -> Any:
     if log:
         return Pointwise(x.device, out_dtype, size, lambda i: ops.to_dtype(
             ops.sub(shifted(i), ops.log(sl(i))), out_dtype), x.op_count() + 4)
+    if d == [len(size) - 1] and getattr(current(), "row_scratch", False):
+        # along the rows: exp(x - max) is stored once (into the output, or a stack row of the
+        # fused loop nest: scheduler._row_scratch_ok) and read back by the normalization instead
+        # of recomputed; scaled by the row's reciprocal sum, as eager's kernel does
+        e = current().realize(e)
+        el = e.make_loader()
+        return Pointwise(x.device, out_dtype, size, lambda i: ops.to_dtype(
+            ops.mul(el(i), ops.reciprocal(sl(i))), out_dtype), x.op_count() + 4)
     el = e.make_loader()
     return Pointwise(x.device, out_dtype, size, lambda i: ops.to_dtype(
         ops.truediv(el(i), sl(i)), out_dtype), x.op_count() + 4)
