@@ -16,7 +16,7 @@ def _source(fn: Callable[..., Any], make_args: Callable[[str], tuple[Any, ...]],
     from ember_inductor.compile_fx import generate_source
     from ember_inductor.decompositions import decompositions
 
-    with FakeTensorMode():
+    with FakeTensorMode(allow_non_fake_inputs=True):  # (the program's own CPU constants)
         gm = make_fx(fn, decomposition_table=decompositions())(*make_args(device))
     src, _ = generate_source(gm, key=f"wrapper-{device}", options={"cpu_codegen": "triton"})
     return src
@@ -41,3 +41,36 @@ def test_cuda_wrapper_keeps_no_buffers() -> None:
     writes after the pool let it go (codegen/target.py keeps_buffers)."""
     src = _source(_mm_between, _mm_args, "cuda")
     assert "device='cuda'" in src and "BufferPool" not in src
+
+
+def _scaled(x: torch.Tensor) -> tuple[torch.Tensor]:
+    return ((x * _SCALE).sin(),)
+
+
+_SCALE = torch.tensor(2.5)  # a 0-d CPU constant in a CUDA graph (eager accepts it)
+
+
+def test_cuda_wrapper_is_safe_to_record() -> None:
+    """What a CUDA graph recording of the wrapper needs: a CPU constant copied to the device
+    once (not per call: a host-to-device copy per call cannot be recorded), and the index
+    check's status read (a sync) skipped while the stream records."""
+    src = _source(_scaled, lambda d: (torch.empty(4, 3, device=d),), "cuda")
+    assert "_on_device(const0, 'cuda')" in src and ".to('cuda')" not in src
+
+    def gather(w: torch.Tensor, i: torch.Tensor) -> tuple[torch.Tensor]:
+        return (torch.nn.functional.embedding(i, w) * 2.0,)
+
+    src = _source(gather, lambda d: (torch.empty(10, 8, device=d),
+                                     torch.zeros(2, 3, dtype=torch.long, device=d)), "cuda")
+    assert "if not _capturing() and status.item():" in src
+    assert "capturing as _capturing" in src
+
+
+def test_on_device_copies_a_constant_once() -> None:
+    from ember_inductor.runtime.triton import on_device
+
+    c = torch.tensor(2.5)
+    a = on_device(c, "meta")
+    assert a.device.type == "meta" and on_device(c, "meta") is a
+    c.add_(1.0)  # changed in place: copied again
+    assert on_device(c, "meta") is not a

@@ -133,7 +133,10 @@ class TritonTarget(Target):
         return generate_triton(sched, dtypes, device=self.device, tune=self.tune)
 
     def imports(self) -> list[str]:
-        return ["from ember_inductor.runtime.triton import load_kernels"]
+        if self.device == "cpu":
+            return ["from ember_inductor.runtime.triton import load_kernels"]
+        return ["from ember_inductor.runtime.triton import load_kernels, capturing as _capturing, "
+                "on_device as _on_device"]
 
     def header(self, regions: list[Any], sources: Any) -> list[str]:
         from .triton import wrapper_header

@@ -1179,13 +1179,16 @@ def generate_triton(sched: Scheduler, dtypes: dict[str, torch.dtype],
     seen: dict[str, KernelSpec] = {}
     # CPU tensors a CUDA graph's kernels read (0-d constants made by the program, CPU scalar
     # inputs: eager's CUDA ops accept them): copied to the device at the launch
+    # (constants: copied once, kept on the device — runtime/triton.py on_device; inputs: each call)
     host: set[str] = set()
+    host_consts: set[str] = set()
     if device != "cpu":
         graph = sched.graph
         host = {b.name for b in getattr(graph, "inputs", [])
                 if getattr(b.layout.device, "type", "cpu") == "cpu"}
-        host |= {n for n, t in getattr(graph, "constants", {}).items()
-                 if getattr(getattr(t, "device", None), "type", "cpu") == "cpu"}
+        host_consts = {n for n, t in getattr(graph, "constants", {}).items()
+                       if getattr(getattr(t, "device", None), "type", "cpu") == "cpu"}
+        host |= host_consts
         for step in sched.steps:
             for g in getattr(step, "groups", []) if isinstance(step, CppRegion) else []:
                 for m in g.members:
@@ -1207,6 +1210,8 @@ def generate_triton(sched: Scheduler, dtypes: dict[str, torch.dtype],
             made = tk.generate_split(split) if split else [tk.generate()]
             for src, spec in made:
                 spec.host = [p for p in spec.params if p in host]  # type: ignore[attr-defined]
+                spec.host_consts = [p for p in spec.host  # type: ignore[attr-defined]
+                                    if p in host_consts]
                 if tune != "full":  # the default configuration and its first two neighbours
                     spec.candidates = [c for c in spec.candidates if c != spec.config][:2]
                 specs.append(spec)
@@ -1272,7 +1277,9 @@ def wrapper_call(region: Any, args: list[str], desc: str, ops: str, device: str)
             lines.append(f"    {ws} = torch.empty(({size},), dtype={dtype}, device={device!r})"
                          "  # partial results of a split reduction")
         numels = ", ".join(spec.numels)
-        params = [f"{p}.to({device!r})" if p in getattr(spec, "host", ()) else p
+        consts = getattr(spec, "host_consts", ())
+        params = [f"_on_device({p}, {device!r})" if p in consts
+                  else f"{p}.to({device!r})" if p in getattr(spec, "host", ()) else p
                   for p in spec.params]
         call = f"{spec.name}({numels}, {', '.join(params)})"
         lines.append(f"    {call}")
@@ -1281,7 +1288,11 @@ def wrapper_call(region: Any, args: list[str], desc: str, ops: str, device: str)
     ws = [w for spec in region.kernels for w, _, _ in getattr(spec, "allocs", [])]
     if ws:
         lines.append(f"    del {', '.join(ws)}")
-    if getattr(region, "checked", False):
+    if getattr(region, "checked", False) and device != "cpu":
+        # a sync: only graphs with checked indices or divisions; not while a CUDA graph records
+        # (kernels do not run then, and a sync would break the capture): replays go unchecked
+        lines.append("    if not _capturing() and status.item():")
+    elif getattr(region, "checked", False):
         lines.append("    if status.item():  # a sync: only graphs with checked indices or divisions")
         lines.append(f"        _kernel_failed(status.item(), {region.name!r}, {ops!r})")
     return lines

@@ -54,7 +54,7 @@ from .triton_worker import compile_kernel, store_binary, worker_command
 from .triton_worker import options as _options
 from .triton_worker import sha as _sha
 
-__all__ = ["load_kernels", "Launcher", "counters", "machine_key"]
+__all__ = ["load_kernels", "Launcher", "counters", "machine_key", "capturing", "on_device"]
 
 log = logging.getLogger("ember.inductor.triton")
 
@@ -103,6 +103,38 @@ def _module(source: str) -> Any:
         spec.loader.exec_module(mod)
         _modules[key] = mod
         return mod
+
+
+def capturing() -> bool:
+    """Is the current CUDA stream recording a CUDA graph (``mode="reduce-overhead"``,
+    ``backend="cudagraphs"``)? Then nothing may synchronize: no status read, no tuning."""
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+#: id of a CPU constant -> (weak reference, its version, the device copy)
+_DEVICE_COPIES: dict[tuple[int, str], tuple[Any, int, Any]] = {}
+
+
+def on_device(t: Any, device: str) -> Any:
+    """``t`` (a constant of the graph that eager keeps on the CPU: a 0-d tensor the program
+    made) on ``device``, copied once and kept: a copy per call would cost a host-to-device
+    transfer each time and cannot be recorded into a CUDA graph. A constant changed in place
+    since (its version moved) is copied again."""
+    import weakref
+
+    key = (id(t), device)
+    hit = _DEVICE_COPIES.get(key)
+    if hit is not None and hit[0]() is t and hit[1] == t._version:
+        return hit[2]
+    if capturing():
+        raise RuntimeError("a graph constant reached a CUDA graph recording before its first "
+                           "plain call copied it to the device")
+    copy = t.to(device)
+    _DEVICE_COPIES[key] = (weakref.ref(t, lambda _r, k=key: _DEVICE_COPIES.pop(k, None)),
+                           t._version, copy)
+    return copy
 
 
 @functools.lru_cache(None)
@@ -583,8 +615,9 @@ class Launcher:
                 counters["tune_hits"] += 1
                 self.prepare(json.loads(choice))
                 return
-            if len(cands) > 1 and _tune_enabled() and all(getattr(a, "is_cuda", True) for a in args
-                                      if hasattr(a, "data_ptr")):
+            if len(cands) > 1 and _tune_enabled() and not capturing() and all(
+                    getattr(a, "is_cuda", True) for a in args if hasattr(a, "data_ptr")):
+                # (a first launch inside a CUDA graph recording takes the default: timing syncs)
                 best = self._tune(numels, args, cands)
                 put_text("triton-tune", tkey, json.dumps(best, sort_keys=True))
                 self.prepare(best)
