@@ -145,6 +145,9 @@ def generate_source(gm: torch.fx.GraphModule, key: str = "",
         # C++ keeps values read back by a later loop of their row in a stack row (or the
         # output) instead of a buffer (scheduler.ROW_SCRATCH_MAX); lowering stores them then
         graph.row_scratch = target.name == "cpp"
+        # C++ loops have no 2-D tiles: a transposing output is computed along its loads, then
+        # copied (lowering/graph.py, _loads_across); Triton tiles transposes itself
+        graph.transpose_by_copy = target.name == "cpp"
         graph.run()
         sched = Scheduler(graph, row_scratch=graph.row_scratch)
         dtypes = {b.name: b.dtype for b in graph.operations}

@@ -148,6 +148,8 @@ class GraphLowering:
         #: var/var_mean as the first element plus the deviations' mean (lowering/reductions.py;
         #: set for the Triton target by compile_fx.generate_source)
         self.shifted_var_mean = False
+        # a transposing pointwise output computed along its loads, then copied (C++ target)
+        self.transpose_by_copy = True
         #: rand/randn/bernoulli as Philox draws in the kernels (lowering/random.py; the Triton
         #: target), else ATen calls
         self.random_in_kernels = False
@@ -361,7 +363,8 @@ class GraphLowering:
                 if isinstance(v, IRNode) and not isinstance(v, NoneValue):
                     if self.layout_plan is not None:
                         v = self._layout_output(pos, v, o.meta.get("val"))
-                    elif isinstance(v, Pointwise) and _loads_across(v, _static_strides(o)):
+                    elif (self.transpose_by_copy and isinstance(v, Pointwise)
+                          and _loads_across(v, _static_strides(o))):
                         # computed in the order its loads walk (vector code), then copied into
                         # eager's strides by _meta_strides below
                         v = self.realize(v)

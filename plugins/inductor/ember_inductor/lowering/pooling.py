@@ -626,7 +626,28 @@ def adaptive_avg_pool2d(x: Any, output_size: Any) -> Any:
         return _pointwise(x, dt, out_size, inner, x.op_count() * n + 2 * n + 2,
                           "adaptive_avg_pool2d")
 
-    # large windows: a sum over the largest window, then the division
+    if not ragged_h and not ragged_w:
+        # equal windows (a global average): each element scaled by 1/(kh*kw) in float64 inside
+        # the sum, which rounds once at the end (as layout.lower_mean): a division after the sum
+        # in the same loop nest kept the reduction from running vectorized along the channels
+        # (channels-last 32x32 -> 1: 0.29 ms vs ATen's 0.03)
+        f64 = torch.float64
+        scale = 1.0 / (kh * kw)
+
+        def scaled(idx: Sequence[Any], ridx: Sequence[Any]) -> Any:
+            v = tap(list(idx[:-2]), idx[-2], idx[-1], ridx[0], ridx[1])
+            return ops.mul(ops.to_dtype(v, f64), ops.constant(scale, f64))
+
+        red = Reduction(x.device, dt, out_size, [kh, kw], "sum", scaled, f64,
+                        origins=["adaptive_avg_pool2d"])
+        stride = None
+        if len(out_size) == 4 and (getattr(current(), "layout_plan", None) is not None
+                                   or _channels_last(x)):
+            from ..layout import channels_last_stride
+            stride = list(channels_last_stride(out_size))
+        return current().realize(red, stride)
+
+    # large ragged windows: a sum over the largest window, then the division
     def red_fn(idx: Sequence[Any], ridx: Sequence[Any]) -> Any:
         return tap(list(idx[:-2]), idx[-2], idx[-1], ridx[0], ridx[1])
 
