@@ -167,3 +167,26 @@ def test_fallback_reads_eager_strides_on_size_one_dims(layout_opt: bool) -> None
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     for g, p in zip(want, m.parameters()):
         torch.testing.assert_close(p.grad, g, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("channels,length", [(5, 3), (6, 5), (9, 7)])
+def test_masked_loads_in_short_loops(channels: int, length: int) -> None:
+    """gcc 12 for AVX-512 targets masked, fully unrolled and folded the conditional loads of a
+    shifted read in a short inner loop with wrong masks (runtime/cache.py, the build flags):
+    ``local_response_norm`` in training lost the previous channel's square in 2 of 3 lanes
+    (found by the OpInfo sweep: nn.functional.local_response_norm)."""
+    import torch.nn.functional as F
+
+    import ember
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return F.local_response_norm(x, 2, alpha=3e-5, beta=0.5, k=1.25)
+
+    torch.manual_seed(0)
+    x = (torch.randn(2, channels, length) * 10).requires_grad_()
+    got = ember.compile(f, backend="inductor", dynamic=False)(x)
+    torch.testing.assert_close(got, f(x), rtol=1e-5, atol=1e-5)
+    got.sum().backward()
+    g, x.grad = x.grad, None
+    f(x).sum().backward()
+    torch.testing.assert_close(g, x.grad, rtol=1e-4, atol=1e-5)
