@@ -94,6 +94,22 @@ def test_every_axis_integer_and_bool(dtype: torch.dtype) -> None:
     assert_same(fn(x), _int_axes(x))
 
 
+def _assert_tile_loops_vectorized(cpp: str, tmp_path: Path) -> None:
+    """Every vector loop over a tile of outputs is one gcc reports vectorized."""
+    f = tmp_path / "k.cpp"
+    f.write_text(cpp)
+    r = subprocess.run(["g++", *BASE_FLAGS, "-fopt-info-vec-optimized", str(f), "-o",
+                        str(tmp_path / "k.so")], capture_output=True, text=True, check=True)
+    lines = cpp.splitlines()
+    vec = {int(n) for n in re.findall(rf"{re.escape(str(f))}:(\d+):\d+: optimized: loop vectorized",
+                                      r.stderr)}
+    simd = [i + 1 for i, s in enumerate(lines) if s.strip() == "#pragma omp simd"
+            and lines[i + 1].strip().startswith("for (int64_t x")]
+    assert simd, cpp
+    for ln in simd:  # the vector loop over the tile: gcc reports it at the pragma or the loop
+        assert {ln, ln + 1, ln + 2} & vec, f"loop at line {ln + 1} left scalar:\n{cpp}"
+
+
 def _chains(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
     y = x * 1.5
     var, mean = torch.var_mean(y, 1)
@@ -111,18 +127,7 @@ def test_dependent_reductions_over_an_outer_axis_run_in_one_tile_loop(tmp_path: 
     for m in re.finditer(r"for \(int64_t r0 = 0; r0 < (\d+); r0\+\+\) \{\n(.*?)\n", cpp):
         body = m.group(2)
         assert "#pragma omp simd" in body or "float tmp" in body or "for (" in body
-    f = tmp_path / "k.cpp"
-    f.write_text(cpp)
-    r = subprocess.run(["g++", *BASE_FLAGS, "-fopt-info-vec-optimized", str(f), "-o",
-                        str(tmp_path / "k.so")], capture_output=True, text=True, check=True)
-    lines = cpp.splitlines()
-    vec = {int(n) for n in re.findall(rf"{re.escape(str(f))}:(\d+):\d+: optimized: loop vectorized",
-                                      r.stderr)}
-    simd = [i + 1 for i, s in enumerate(lines) if s.strip() == "#pragma omp simd"
-            and lines[i + 1].strip().startswith("for (int64_t x")]
-    assert simd, cpp
-    for ln in simd:  # the vector loop over the tile: gcc reports it at the pragma or the loop
-        assert {ln, ln + 1, ln + 2} & vec, f"loop at line {ln + 1} left scalar:\n{cpp}"
+    _assert_tile_loops_vectorized(cpp, tmp_path)
     fn = compile_strict(_chains)
     assert_same(fn(x), _chains(x), atol=1e-4, rtol=1e-4)
 
@@ -319,3 +324,20 @@ def test_row_value_read_by_a_later_loop_kept_in_a_stack_row() -> None:
     fn = ember.compile(_two_norms, options={"debug_fill": True})
     with ember.config.patch(suppress_errors=False):
         assert_same(fn(x, w), _two_norms(x, w), atol=1e-5, rtol=1e-5)
+
+
+def _max_grad(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    # a max's gradient summed over the batch: (x == max) as a number, in a column sum
+    return ((x == x.amax(-1, keepdim=True)).to(x.dtype) * g).sum(0)
+
+
+def test_bool_to_number_inside_a_vector_loop(tmp_path: Path) -> None:
+    """A bool converted to a number is a select: gcc vectorizes no loop that casts a C++ bool
+    (this left a training step's whole backward reduction scalar)."""
+    x, g = torch.randn(40, 33, 7), torch.randn(40, 33, 7)
+    x[3, 4, :2] = 5.0  # a tie
+    cpp = _cpp(_max_grad, x, g)
+    assert not re.search(r"= \(float\)tmp\d+;", cpp) or "? (float)1 : (float)0" in cpp, cpp
+    _assert_tile_loops_vectorized(cpp, tmp_path)
+    fn = compile_strict(_max_grad)
+    assert_same(fn(x, g), _max_grad(x, g), atol=1e-5, rtol=1e-5)

@@ -345,6 +345,10 @@ class CppOps:
         ct = compute_type(dtype)
         if dtype == torch.bool:
             return self._emit(f"{x} != 0", dtype)
+        if x.dtype == torch.bool:
+            # a select, not a cast: gcc vectorizes no loop converting a C++ bool to a number
+            # (a max's gradient, (x == max) * g, left a whole backward reduction scalar)
+            return self._emit(f"{x} ? ({ct})1 : ({ct})0", dtype)
         if dtype == torch.bfloat16:
             src = x if compute_type(x.dtype) == "float" else f"(float){x}"
             return self._emit(f"e_round_bf16({src})", dtype)
