@@ -139,7 +139,9 @@ def generate_source(gm: torch.fx.GraphModule, key: str = "",
     # SizeEnv: their example values steer heuristics only
     with size_env(SizeEnv()):
         graph = GraphLowering(gm)
-        graph.shifted_var_mean = graph.random_in_kernels = target.name == "triton"
+        # var/var_mean about the row's first element (lowering/reductions.py): both targets
+        graph.shifted_var_mean = True
+        graph.random_in_kernels = target.name == "triton"
         # channels-last activations in graphs with convolutions (layout.py)
         graph.layout_plan = plan_for(gm, options or {})
         # C++ keeps values read back by a later loop of their row in a stack row (or the
