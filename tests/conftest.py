@@ -12,6 +12,16 @@ from typing import Iterable
 
 import pytest
 
+# The Triton target's tests (tests/inductor_triton) run Triton's interpreter on CPU tensors, and
+# TRITON_INTERPRET is read when triton is first imported (its own jit helpers, tl.rand among
+# them, are decorated then): set it here, before anything in the suite can import triton, on a
+# machine without CUDA (the GPU machine runs those tests with EMBER_TRITON_DEVICE=cuda).
+if os.environ.get("EMBER_TRITON_DEVICE", "cpu") == "cpu":
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
 
