@@ -989,6 +989,7 @@ class CppKernel:
                     wide.add(m.node.name)
         pw_names = []
         simd_minmax = False
+        hoist_scopes = 0  # scopes of values read before the innermost reduction loop
         # float max/min reductions over an inner loop: a NaN flag each (see the pragma below)
         minmax_nan = {m.node.name for m in reds if b.inner
                       and m.node.data.reduction_type in ("max", "min")
@@ -1038,8 +1039,19 @@ class CppKernel:
                 self.line("for (int64_t r0 = r0c; r0 < r0e; r0++) {")
                 self.indent += 1
             else:
+                nin = len(b.inner)
                 for i, s in enumerate(b.inner):
-                    if i == len(b.inner) - 1 and pragma:
+                    if i == nin - 1 and nin >= 2:
+                        # values that move only with the outer reduction loops (a gathered
+                        # row's index and its range check, in an embedding summed over its
+                        # rows) are read once before the innermost loop, in a scope of their
+                        # own: computed inside it they kept it scalar (an atomic status store)
+                        self.scopes.append({})
+                        hoist_scopes += 1
+                        self.hoist = {"pos": len(self.lines), "indent": self.indent,
+                                      "scope": self.scopes[-1], "finished_accs": True,
+                                      "rvars": True, "moving": f"r{nin - 1}"}
+                    if i == nin - 1 and pragma:
                         self.line(pragma)
                     self.line(f"for (int64_t r{i} = 0; r{i} < {to_c(s)}; r{i}++) {{")
                     self.indent += 1
@@ -1081,6 +1093,8 @@ class CppKernel:
         if b.inner:
             self.hoist = None
             self.scopes.pop()
+            for _ in range(hoist_scopes):
+                self.scopes.pop()
             for _ in b.inner:
                 self.indent -= 1
                 self.line("}")
