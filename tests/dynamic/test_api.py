@@ -296,6 +296,24 @@ def test_resume_functions_follow_the_dynamic_mode():
         assert graphs(cf) == expected, mode  # two graphs per compile of the frame
 
 
+def test_a_resume_function_rebuilt_from_disk_recompiles_as_a_traced_one(tmp_path, monkeypatch):
+    """A capture rebuilt from the on-disk cache remembers every size the traced one saw, also a
+    tensor's that is no graph input (only ``x.size(0)`` read): its first recompile makes both
+    sizes symbolic at once, as after a traced first capture, instead of compiling a third time."""
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+
+    def f(x):
+        y = x * 2
+        print("graph break")
+        return y + x.size(0)
+    for run in ("traced", "rebuilt"):
+        ember.reset()  # the in-process caches go; what was persisted stays
+        cf = ember.compile(f, backend="eager")
+        for n in (3, 4, 5):
+            _check(cf, f, torch.randn(n))
+        assert graphs(cf) == 4, run
+
+
 def test_a_dynamic_capture_that_fails_compiles_static_shapes_instead():
     table = {}
 

@@ -69,7 +69,7 @@ __all__ = ["enabled", "save", "load", "counters"]
 
 log = logging.getLogger("ember.capture.persist")
 
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 NAMESPACE = "capture"
 
 #: ``hits`` (entries rebuilt without tracing), ``saved``, ``misses`` (no entry, or one that did not
@@ -684,6 +684,13 @@ def _save(cf: Any, entry: Any, args: tuple, kwargs: dict) -> None:
               "graph_id": cap.graph_id, "weak": lifetime.weak_of(entry),
               "inputs": [[i.kind, i.source, i.stable_address, i.fetch, i.module_path]
                          for i in cap.inputs]}
+    if cf.dynamic is None:
+        # automatic dynamic: every size and int this first capture saw (tensors it guarded but
+        # that are not graph inputs, such as one whose ``size(0)`` alone is read, included), so
+        # that a rebuilt entry's next recompile knows them as a traced one would
+        state = cf.cache.frame_state
+        record["seen"] = {"shapes": {k: list(v) for k, v in state.shapes.items()},
+                          "ints": dict(state.ints)}
     put_text(NAMESPACE, _key(cf, args, kwargs), json.dumps(record))
     counters["saved"] += 1
 
@@ -797,13 +804,12 @@ def _load(cf: Any, rec: dict[str, Any], args: tuple, kwargs: dict,
         raise _Refuse("the entry did not call its graph")
     gm = _loads_graph(rec["graph"])
     state = cf.cache.frame_state if cf.dynamic is None else None
-    if state is not None:  # automatic dynamic: what this capture saw, as a traced one records
-        for (kind, source, *_), value in zip(rec["inputs"], inputs):
-            if kind == "user" and isinstance(value, torch.Tensor):
-                state.see_shape(source, tuple(value.shape))
-        for name, value in roots.items():
-            if type(value) is int:
-                state.see_int(name, value)
+    seen = rec.get("seen")
+    if state is not None and seen is not None:  # automatic dynamic: as the traced capture saw
+        for source, shape in seen["shapes"].items():
+            state.see_shape(source, tuple(shape))
+        for source, value in seen["ints"].items():
+            state.see_int(source, value)
     infos = [InputInfo(k, s, bool(a)) for k, s, a, *_ in rec["inputs"]]
     # named as a traced capture would be here, counting this code's graphs in this process (a
     # recompile after a rebuilt capture gets the next name, not the stored one again)
