@@ -1,0 +1,89 @@
+"""Profile one zoo model on the GPU: eager, Ember's inductor and torch.compile side by side
+(bf16 autocast, CUDA-event medians), then torch.profiler's top kernels by CUDA time for each, so
+that a gap is explained from a profile before kernels change (issue 20).
+
+    python3 scripts/gpu_profile.py --model gpt2 --mode infer --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.getcwd())
+
+
+def _time(fn, iters=30):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        ts.append(a.elapsed_time(b))
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="gpt2")
+    ap.add_argument("--mode", default="infer", choices=["infer", "train"])
+    ap.add_argument("--size", default="full")
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--top", type=int, default=25)
+    args = ap.parse_args()
+    import copy
+
+    import ember
+    from benchmarks.zoo import get_spec, reduce_to_loss
+    from torch.profiler import ProfilerActivity, profile
+
+    base, inputs = get_spec(args.model).build("cuda", args.size)
+    fns = {}
+    for name in ("eager", "ember", "torch"):
+        m = copy.deepcopy(base)
+        m.train(args.mode == "train")
+        f = m if name == "eager" else ember.compile(m) if name == "ember" else torch.compile(m)
+        if args.mode == "infer":
+            def step(f=f):
+                with torch.no_grad(), torch.autocast("cuda", torch.bfloat16):
+                    return f(*inputs)
+        else:
+            def step(f=f, m=m):
+                m.zero_grad(set_to_none=True)
+                with torch.autocast("cuda", torch.bfloat16):
+                    loss = reduce_to_loss(f(*inputs))
+                loss.backward()
+        t0 = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        print(f"{name}: first call {time.perf_counter() - t0:.2f} s", flush=True)
+        fns[name] = step
+    times = {n: _time(f) for n, f in fns.items()}
+    lines = [f"{args.model} {args.mode} {args.size} bf16 autocast, {torch.cuda.get_device_name(0)}"]
+    for n, t in times.items():
+        lines.append(f"{n:6} {t:8.3f} ms  {times['eager'] / t:5.2f}x eager")
+    print("\n".join(lines), flush=True)
+    for n, f in fns.items():
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                f()
+            torch.cuda.synchronize()
+        table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=args.top,
+                                          max_name_column_width=70)
+        lines += ["", f"== {n} (5 steps)", table]
+    with open(os.path.join(args.out, f"profile_{args.model}_{args.mode}.txt"), "w") as fh:
+        fh.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
