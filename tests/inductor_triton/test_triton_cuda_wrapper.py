@@ -19,6 +19,7 @@ def _source(fn: Callable[..., Any], make_args: Callable[[str], tuple[Any, ...]],
     with FakeTensorMode(allow_non_fake_inputs=True):  # (the program's own CPU constants)
         gm = make_fx(fn, decomposition_table=decompositions())(*make_args(device))
     src, _ = generate_source(gm, key=f"wrapper-{device}", options={"cpu_codegen": "triton"})
+    compile(src, f"<wrapper-{device}>", "exec")  # valid Python (a GPU-only branch once was not)
     return src
 
 
@@ -62,7 +63,8 @@ def test_cuda_wrapper_is_safe_to_record() -> None:
 
     src = _source(gather, lambda d: (torch.empty(10, 8, device=d),
                                      torch.zeros(2, 3, dtype=torch.long, device=d)), "cuda")
-    assert "if not _capturing() and status.item():" in src
+    assert ("    if not _capturing() and status.item():\n"
+            "        _kernel_failed(status.item(), ") in src
     assert "capturing as _capturing" in src
 
 

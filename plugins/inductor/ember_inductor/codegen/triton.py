@@ -1294,5 +1294,6 @@ def wrapper_call(region: Any, args: list[str], desc: str, ops: str, device: str)
         lines.append("    if not _capturing() and status.item():")
     elif getattr(region, "checked", False):
         lines.append("    if status.item():  # a sync: only graphs with checked indices or divisions")
+    if getattr(region, "checked", False):
         lines.append(f"        _kernel_failed(status.item(), {region.name!r}, {ops!r})")
     return lines
