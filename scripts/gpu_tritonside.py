@@ -15,9 +15,9 @@ Then a tiny graph is precompiled (``ember.precompile``) and its artifact loaded 
 process with empty Ember and Triton caches: Triton compiles there must be 0 (the artifact
 carries the binaries and tuning choices).
 
-Timed: the compile and first call (synchronized), after one eager call in the same process (so
-CUDA, cuBLAS and cuDNN start-up are not counted for either backend); imports and model building
-are not counted. Ember's runs also report its Triton counters (compiles in this process, binaries
+Timed: ``ember.compile``/``torch.compile`` (with the imports each makes), the compile and the
+first call (synchronized), after one eager call in the same process (so CUDA, cuBLAS and cuDNN
+start-up are not counted for either backend); ``import torch`` and model building are not counted. Ember's runs also report its Triton counters (compiles in this process, binaries
 built by the worker pool, disk hits, tunings) and its ``ember.inductor.triton`` debug log; the
 warm runs write a cProfile (``profile_<case>_<backend>_<phase>.txt``). Results: ``RESULT`` lines
 on stdout, ``<out>/startup.json`` and ``<out>/startup.md``.
@@ -73,15 +73,17 @@ def step(fn):
             out = fn(*args)
             return out.logits if hasattr(out, "logits") else out
 ref = step(model); torch.cuda.synchronize()
+prof = cProfile.Profile()
+t = time.perf_counter()
+prof.enable()
+# timed from here: the compiler's own imports (torch.compile imports torch._dynamo when called;
+# Ember's FakeTensorMode imports it too), the compile and the first call
 if backend == "ember":
     import ember
     from ember_inductor.runtime import triton as rt
     compiled = ember.compile(model, backend="inductor")
 else:
     compiled = torch.compile(model)
-prof = cProfile.Profile()
-t = time.perf_counter()
-prof.enable()
 out = step(compiled); torch.cuda.synchronize()
 prof.disable()
 dt = time.perf_counter() - t
