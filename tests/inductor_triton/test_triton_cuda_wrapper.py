@@ -76,3 +76,20 @@ def test_on_device_copies_a_constant_once() -> None:
     assert a.device.type == "meta" and on_device(c, "meta") is a
     c.add_(1.0)  # changed in place: copied again
     assert on_device(c, "meta") is not a
+
+
+def test_precompile_probe_reads_a_cuda_wrapper() -> None:
+    """ember.precompile runs a wrapper's module level with recorders for its runtime imports;
+    the CUDA wrapper imports more names than the CPU one (``capturing as _capturing``, ...): the
+    probe must bind them all and record the kernels (it once failed with a SyntaxError on the
+    GPU machine)."""
+    from ember_inductor.precompile import _cpp_sources
+
+    def gather(w: torch.Tensor, i: torch.Tensor) -> tuple[torch.Tensor]:
+        return (torch.nn.functional.embedding(i, w) * 2.0,)
+
+    src = _source(gather, lambda d: (torch.empty(10, 8, device=d),
+                                     torch.zeros(2, 3, dtype=torch.long, device=d)), "cuda")
+    triton: list = []
+    assert _cpp_sources(src, triton) == []
+    assert len(triton) == 1 and triton[0][1]  # (kernel module, specs): one module, its kernels

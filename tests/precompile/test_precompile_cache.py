@@ -198,3 +198,18 @@ def test_inductor_implements_the_hook_itself():
 
     gm = torch.fx.symbolic_trace(lambda x: x + 1)
     assert ember_precompile_graph("inductor", "forward", gm, gm.forward, {}) is None
+
+
+def test_patch_imports_binds_aliases() -> None:
+    """A wrapper's ``from <runtime> import a, b as c`` reads both names from the artifact's
+    provider (the CUDA wrapper imports ``capturing as _capturing``: the probe once failed on it)."""
+    from ember.precompile.runtime import patch_imports
+
+    src = ("from pkg.rt import load, capturing as _capturing,  on_device  as  _on_device\n"
+           "x = 1\n")
+    out = patch_imports(src, "pkg.rt", "P")
+    assert out.splitlines()[0] == ("load = P.load; _capturing = P.capturing; "
+                                   "_on_device = P.on_device")
+    ns = {"P": type("P", (), {"load": 1, "capturing": 2, "on_device": 3})}
+    exec(compile(out, "<t>", "exec"), ns)
+    assert (ns["load"], ns["_capturing"], ns["_on_device"], ns["x"]) == (1, 2, 3, 1)

@@ -226,16 +226,20 @@ def cpu_flags() -> str:
 
 
 def patch_imports(source: str, module: str, provider: str) -> str:
-    """Replace ``from <module> import a, b`` lines of ``source`` by reads of those names from
-    the object named ``provider`` (in the namespace the source runs in)."""
+    """Replace ``from <module> import a, b as c`` lines of ``source`` by reads of those names
+    from the object named ``provider`` (in the namespace the source runs in)."""
     import re
 
     pattern = re.compile(r"^(\s*)from\s+" + re.escape(module) + r"\s+import\s+\(?([\w\s,]+)\)?\s*$",
                          re.M)
 
+    def bind(item: str) -> str:
+        name, _, alias = (p.strip() for p in item.partition(" as "))
+        return f"{alias or name} = {provider}.{name}"
+
     def repl(m: Any) -> str:
-        names = [n.strip() for n in m.group(2).split(",") if n.strip()]
-        return m.group(1) + "; ".join(f"{n} = {provider}.{n}" for n in names)
+        items = [" ".join(n.split()) for n in m.group(2).split(",") if n.strip()]
+        return m.group(1) + "; ".join(bind(n) for n in items)
 
     return pattern.sub(repl, source)
 

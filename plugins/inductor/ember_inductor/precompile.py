@@ -100,6 +100,16 @@ class _TritonRecorder:
         self.out.append((source, specs))
         return {name: None for name in specs}
 
+    # the CUDA wrapper's module level binds these too (codegen/target.py TritonTarget.imports);
+    # only ``call`` uses them, and the probe never runs it
+    @staticmethod
+    def capturing() -> bool:
+        return False
+
+    @staticmethod
+    def on_device(t: Any, device: str) -> Any:
+        return t
+
     def __getattr__(self, name: str) -> Any:
         raise ember.EmberError(f"ember-inductor precompile: the wrapper uses {_TRITON_MODULE}."
                                f"{name}, which the precompile hook does not know (update "
