@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
-import os
 import pathlib
 import time
 from typing import Any, Callable, Sequence
@@ -182,18 +181,6 @@ def load_wrapper(src: str, gm: torch.fx.GraphModule, key: str) -> Callable[..., 
     for i, t in enumerate(targets):
         ns[f"const{i}"] = getattr(gm, t)
     call = ns["call"]
-    if "load_kernels(" in src and not os.environ.get("EMBER_RECORD_TRITON"):
-        # Recording Triton launches into CUDA graphs failed on the H200 ("operation failed due
-        # to a previous error during capture") and the damaged context crashed later calls. The
-        # causes found since are fixed (2026-12-05): the bounds-status read (a sync) is skipped
-        # while a stream records, a first launch inside a recording takes its default block
-        # sizes instead of timing, CPU constants are copied to the device once rather than per
-        # call, and no internal buffer is kept between calls on a GPU (codegen/target.py). Not
-        # yet run on a GPU: until scripts/gpu_cudagraphs.sh passes with these graphs recorded,
-        # mode="reduce-overhead" leaves them out (core reads this, aot/compile.py);
-        # EMBER_RECORD_TRITON=1 records them (the GPU check runs with it).
-        call.ember_cudagraphs_refuse = ("inductor's Triton kernels are not yet safe to record "
-                                        "into CUDA graphs")
     return call
 
 
