@@ -93,3 +93,25 @@ def test_precompile_probe_reads_a_cuda_wrapper() -> None:
     triton: list = []
     assert _cpp_sources(src, triton) == []
     assert len(triton) == 1 and triton[0][1]  # (kernel module, specs): one module, its kernels
+
+
+def test_cuda_products_padded_only_where_decided() -> None:
+    """A half-precision product with an odd width: padded to 8 columns when the option forces
+    it; without a GPU to time on, "auto" leaves the graph alone (padding.py)."""
+    def head(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor]:
+        return (x @ w.t(),)
+
+    def args(d: str) -> tuple[torch.Tensor, ...]:
+        return (torch.empty(64, 48, device=d, dtype=torch.float16),
+                torch.empty(77, 48, device=d, dtype=torch.float16))
+
+    from ember_inductor.compile_fx import generate_source
+    from ember_inductor.decompositions import decompositions
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        gm = make_fx(head, decomposition_table=decompositions())(*args("cuda"))
+    forced, _ = generate_source(gm, key="pad", options={"pad_mm": "always"})
+    compile(forced, "<pad>", "exec")
+    assert "<- constant_pad_nd" in forced and "# extern [64, 80]" in forced
+    auto, _ = generate_source(gm, key="auto", options={})
+    assert "constant_pad_nd" not in auto and "# extern [64, 77]" in auto

@@ -46,7 +46,7 @@ import torch
 import torch.fx
 
 __all__ = ["choose", "tune_linears", "counters", "machine", "machine_key", "session",
-           "lookup"]
+           "lookup", "random_like"]
 
 log = logging.getLogger("ember.inductor.autotune")
 
@@ -161,16 +161,42 @@ def _time_all(candidates: dict[str, Callable[[], Any]]) -> dict[str, float]:
     return {name: min(ts) for name, ts in times.items()}
 
 
-def _key(kind: str, signature: Any, names: Sequence[str]) -> str:
-    return hashlib.sha256(repr((kind, signature, sorted(names), machine_key())).encode()
-                          ).hexdigest()
+def _time_all_cuda(candidates: dict[str, Callable[[], Any]]) -> dict[str, float]:
+    """:func:`_time_all` for GPU work: each call timed with CUDA events on the current stream
+    (the device, not the host's launch), one warm-up call each, then interleaved rounds; the
+    fastest round of each."""
+    live: dict[str, Callable[[], Any]] = {}
+    for name, fn in candidates.items():
+        try:
+            fn()
+            live[name] = fn
+        except Exception as e:  # a candidate that fails here is never chosen
+            log.debug("autotune: candidate %s failed: %s", name, e)
+    torch.cuda.synchronize()
+    times: dict[str, list[float]] = {name: [] for name in live}
+    for _ in range(_REPEAT):
+        for name, fn in live.items():
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times[name].append(a.elapsed_time(b) / 1e3)
+    return {name: min(ts) for name, ts in times.items()}
 
 
-def lookup(kind: str, signature: Any, names: Sequence[str]) -> str | None:
-    """The cached choice among ``names`` for ``signature`` on this machine, or None."""
+def _key(kind: str, signature: Any, names: Sequence[str], machine_id: str | None = None) -> str:
+    return hashlib.sha256(repr((kind, signature, sorted(names), machine_id or machine_key())
+                               ).encode()).hexdigest()
+
+
+def lookup(kind: str, signature: Any, names: Sequence[str],
+           machine_id: str | None = None) -> str | None:
+    """The cached choice among ``names`` for ``signature`` on this machine (``machine_id``: the
+    key of what decides it, default :func:`machine_key`), or None."""
     from .runtime.cache import get_text
 
-    text = get_text("autotune", _key(kind, signature, names))
+    text = get_text("autotune", _key(kind, signature, names, machine_id))
     if text is None:
         return None
     try:
@@ -181,15 +207,18 @@ def lookup(kind: str, signature: Any, names: Sequence[str]) -> str | None:
 
 
 def choose(kind: str, signature: Any, candidates: dict[str, Callable[[], Any]],
-           default: str | None = None) -> str:
+           default: str | None = None, device: str = "cpu", machine_id: str | None = None
+           ) -> str:
     """The fastest of ``candidates`` (name -> a call to time) for ``signature`` (anything with a
     stable repr: shapes, strides, dtypes), from the on-disk cache when it has the answer.
     ``default`` (else the first candidate) is returned untimed when this compile's timing
-    budget is spent."""
+    budget is spent. ``device="cuda"``: timed with CUDA events; ``machine_id``: the key of what
+    decides the choice there (the GPU's: runtime/triton.py ``machine_key``), default the
+    CPU's (:func:`machine_key`)."""
     from .runtime.cache import put_text
 
     names = list(candidates)
-    cached = lookup(kind, signature, names)
+    cached = lookup(kind, signature, names, machine_id)
     if cached is not None:
         counters["cached"] += 1
         return cached
@@ -200,22 +229,25 @@ def choose(kind: str, signature: Any, candidates: dict[str, Callable[[], Any]],
         log.debug("autotune %s %s: timing budget spent, %s untimed", kind, signature, fallback)
         return fallback
     t0 = time.perf_counter()
-    times = _time_all(candidates)
+    times = _time_all_cuda(candidates) if device == "cuda" else _time_all(candidates)
     _spend(time.perf_counter() - t0)
     if not times:
         return fallback
     choice = min(times, key=times.__getitem__)
     counters["timed"] += 1
-    put_text("autotune", _key(kind, signature, names),
+    put_text("autotune", _key(kind, signature, names, machine_id),
              json.dumps({"kind": kind, "signature": repr(signature), "choice": choice,
-                         "seconds": times, "machine": machine()}))
+                         "seconds": times, "machine": machine_id or machine()}))
     log.debug("autotune %s %s: %s (%s)", kind, signature, choice,
               ", ".join(f"{k} {v * 1e6:.0f}us" for k, v in times.items()))
     return choice
 
 
-def _random_like(meta: torch.Tensor) -> torch.Tensor:
-    t = torch.empty_strided(tuple(meta.shape), tuple(meta.stride()), dtype=meta.dtype)
+def random_like(meta: torch.Tensor) -> torch.Tensor:
+    """A real tensor of ``meta``'s geometry (sizes, strides, dtype, device): random normal
+    values, zeros for integers."""
+    t = torch.empty_strided(tuple(meta.shape), tuple(meta.stride()), dtype=meta.dtype,
+                            device=meta.device)
     return t.normal_() if meta.dtype.is_floating_point else t.zero_()
 
 
@@ -241,7 +273,7 @@ def _time_linear(sig: Any, names: list[str], xm: torch.Tensor, W: torch.Tensor,
     it)."""
     from .runtime.compare import same_contents
 
-    X = _random_like(xm)
+    X = random_like(xm)
     Wt = W.t().contiguous()
     snap = W.clone() if check == "content" else None
 

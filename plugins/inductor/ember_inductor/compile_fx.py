@@ -52,6 +52,12 @@ def _graph_key(gm: torch.fx.GraphModule, options: dict[str, Any]) -> str:
     from .autotune import machine_key
 
     h.update(machine_key().encode())
+    if any(isinstance(v, torch.Tensor) and v.device.type == "cuda"
+           for v in (n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder")):
+        # and choices timed on this GPU (padding.py): another GPU, driver or Triton decides again
+        from .runtime.triton import machine_key as gpu_key
+
+        h.update(gpu_key().encode())
     h.update(gm.code.encode())
     for n in gm.graph.nodes:
         if n.op in ("placeholder", "get_attr"):
@@ -129,12 +135,8 @@ def generate_source(gm: torch.fx.GraphModule, key: str = "",
 
     from .sizes import SizeEnv, size_env
 
-    from .patterns import rewrite_graph
-
     target = target_for(gm, options)
-    if target.cpu_rewrites:
-        # hand-written attention -> one fused kernel; matrix multiplies -> oneDNN (patterns.py)
-        gm = rewrite_graph(gm, options)
+    gm = target.rewrite(gm, options or {})
     # symbolic sizes (if any) are known to lowering, scheduling and code generation through one
     # SizeEnv: their example values steer heuristics only
     with size_env(SizeEnv()):

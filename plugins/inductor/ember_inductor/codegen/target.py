@@ -30,10 +30,12 @@ class Target:
     name = ""
     #: device of the graph's tensors ("cpu", "cuda"); the wrapper allocates there
     device = "cpu"
-    #: CPU-only graph rewrites (patterns.py: oneDNN linear, fused attention for the CPU)
-    cpu_rewrites = True
     #: option values this target uses unless the caller sets them
     default_options: dict[str, Any] = {}
+
+    def rewrite(self, gm: Any, options: dict[str, Any]) -> Any:
+        """The graph rewrites this target wants before lowering (a new graph, or ``gm``)."""
+        return gm
 
     def generate(self, sched: Any, dtypes: dict[str, torch.dtype]) -> Any:
         raise NotImplementedError
@@ -68,6 +70,13 @@ class CppTarget(Target):
 
     def __init__(self, isa: str = "native"):
         self.isa = isa  # the instruction set the C++ is built for (option cpu_isa)
+
+    def rewrite(self, gm: Any, options: dict[str, Any]) -> Any:
+        # hand-written attention -> one fused kernel; matrix multiplies -> oneDNN where timing
+        # says it is faster (patterns.py)
+        from ..patterns import rewrite_graph
+
+        return rewrite_graph(gm, options)
 
     def generate(self, sched: Any, dtypes: dict[str, torch.dtype]) -> list[str]:
         from .cpp import generate_cpp
@@ -117,7 +126,6 @@ class TritonTarget(Target):
     ``cpu_codegen="triton"``: CPU tensors through Triton's interpreter)."""
 
     name = "triton"
-    cpu_rewrites = False
 
     def __init__(self, device: str = "cuda", tune: str = "light"):
         self.device = device
@@ -126,6 +134,15 @@ class TritonTarget(Target):
         # GPU that is a comparison and a synchronization per parameter per call. Off by
         # default there (as torch.compile's); options={"freezing": True} turns it on.
         self.default_options = {"freezing": False} if device == "cuda" else {}
+
+    def rewrite(self, gm: Any, options: dict[str, Any]) -> Any:
+        if self.device != "cuda" and options.get("pad_mm") != "always":
+            return gm
+        # products with sizes cuBLAS's fast kernels cannot take, padded where timing on this
+        # GPU says so (padding.py)
+        from ..padding import pad_matmuls
+
+        return pad_matmuls(gm, options.get("pad_mm", "auto"))
 
     def generate(self, sched: Any, dtypes: dict[str, torch.dtype]) -> Any:
         from .triton import generate_triton
