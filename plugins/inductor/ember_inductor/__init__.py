@@ -47,6 +47,9 @@ OPTIONS = {
     "onednn_linear": "linear layers' kernel: 'auto' (default: ATen/MKL, oneDNN, pre-packed or "
                      "pre-transposed weights, timed on this machine), True/'always' (oneDNN), "
                      "False (eager's addmm)",
+    "pad_mm": "GPU matrix multiplies with sizes cuBLAS's fast kernels cannot take: 'auto' "
+              "(default: padded to aligned sizes where timing on this GPU says it pays), "
+              "'always' (any device, untimed; for testing), False",
     "parallel_min_work": "work (elements) from which a generated loop runs OpenMP-parallel "
                          "(default: calibrated once on this machine, calibrate.py)",
     "buffer_pool": "keep large internal buffers allocated between calls (default True)",

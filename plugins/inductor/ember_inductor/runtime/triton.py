@@ -250,6 +250,7 @@ def _entry_dir(key: str) -> pathlib.Path:
 #: binaries loaded in this process, by entry key (kernels identical but for names share one)
 _loaded: dict[str, Any] = {}
 _locks: dict[str, threading.Lock] = {}
+_load_locks: dict[int, threading.Lock] = {}  # by id() of a CompiledKernel (kept alive)
 
 
 def _load_binary(fn: Any, spec: dict[str, Any], config: dict[str, int], key: str) -> Any:
@@ -513,7 +514,18 @@ class Launcher:
         key = _entry_key(self.source, self.spec, self.config)
         with _locks.setdefault(key, threading.Lock()):  # a binary shared by launchers in threads
             self.ck = _build(self.source, self.fn, self.spec, self.config)
+        # Kernels that differ only in names share one compiled kernel, which Triton loads on
+        # first use: its ``run`` property sets the launcher first and loads the function after
+        # (Triton 3.6, CompiledKernel._init_handles), so a second thread asking for ``run``
+        # meanwhile got the launcher with function=None (GPT-2 training on the H100:
+        # "argument 5 must be int, not None"). One lock per compiled kernel (others still
+        # load in parallel); a kernel still without a function takes Triton's launch path.
+        with _load_locks.setdefault(id(self.ck), threading.Lock()):
             self._run = _fast_path(self.ck)  # loads the module and the launcher once
+            if self._run is not None and getattr(self.ck, "function", None) is None:
+                log.info("Triton kernel %s has no loaded function: Triton's launch path",
+                         self.name)
+                self._run = None
         self._fast = self._specialize() if self._run is not None else None
         counters["fast_launchers" if self._run is not None else "jit_launchers"] += 1
 
