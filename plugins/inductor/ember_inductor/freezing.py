@@ -438,11 +438,12 @@ def _channels_last_weight(p: torch.fx.Node, options: dict[str, Any]) -> bool:
     """Is the frozen value ``p`` read only as the weight of 2-d convolutions that the layout
     plan runs channels-last (their inputs are made channels-last, so a channels-last weight
     changes no result's layout)?"""
-    from .layout import _conv2d
+    from .layout import _conv2d, rules
 
     v = p.meta.get("val")
+    r = rules(v)
     if (not options.get("layout_opt", True) or not isinstance(v, torch.Tensor) or v.dim() != 4
-            or v.dtype not in (torch.float32, torch.float64) or not p.users
+            or r is None or v.dtype not in r.dtypes or not p.users
             or not v.is_contiguous() or not all(isinstance(s, int) for s in v.shape)):
         return False
     return all(u.op == "call_function" and u.target is aten.convolution.default

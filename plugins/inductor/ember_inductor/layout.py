@@ -57,9 +57,14 @@ CONV_OPS = (aten.convolution.default, aten.convolution_backward.default)
 #: ``saved_channels_last``: saved activations handed channels-last from forward to backward
 counters: Counter[str] = Counter()
 
-#: dtypes whose 2-d convolution returns channels-last results for channels-last inputs (checked
-#: by tests/inductor/test_layout.py); bfloat16/float16 are left alone
-_DTYPES = (torch.float32, torch.float64)
+
+def rules(meta: Any) -> Any:
+    """The device's :class:`~ember_inductor.codegen.target.ConvLayoutRules` for a tensor (None:
+    its device has no plan): which dtypes go channels-last, which library paths exist."""
+    from .codegen.target import conv_layout_rules
+
+    dev = getattr(meta, "device", None)
+    return conv_layout_rules(dev) if dev is not None else None
 
 
 def channels_last_stride(size: Sequence[Any]) -> tuple[int, ...]:
@@ -73,9 +78,15 @@ def _same(size: Sequence[Any], a: Sequence[Any], b: Sequence[Any]) -> bool:
 
 
 def _static_4d(meta: Any, any_dtype: bool = False) -> bool:
-    return (isinstance(meta, torch.Tensor) and meta.dim() == 4
-            and (any_dtype or meta.dtype in _DTYPES) and meta.layout == torch.strided
-            and all(isinstance(s, int) for s in (*meta.shape, *meta.stride())))
+    """A 4-d strided tensor with static sizes whose dtype the device's plan takes
+    (``any_dtype``: any dtype, pooling indices too)."""
+    if not (isinstance(meta, torch.Tensor) and meta.dim() == 4 and meta.layout == torch.strided
+            and all(isinstance(s, int) for s in (*meta.shape, *meta.stride()))):
+        return False
+    if any_dtype:
+        return True
+    r = rules(meta)
+    return r is not None and meta.dtype in r.dtypes
 
 
 def _conv2d(node: torch.fx.Node) -> bool:
@@ -85,8 +96,7 @@ def _conv2d(node: torch.fx.Node) -> bool:
         x, transposed = node.args[0], node.args[6]
     else:
         x, transposed = node.args[1], node.args[7]
-    return (not transposed and isinstance(x, torch.fx.Node) and _static_4d(x.meta.get("val"))
-            and x.meta["val"].device.type == "cpu")
+    return not transposed and isinstance(x, torch.fx.Node) and _static_4d(x.meta.get("val"))
 
 
 def wants_channels_last(gm: torch.fx.GraphModule) -> bool:
@@ -185,8 +195,9 @@ class LayoutPlan:
         return self.copy_to(g, value, channels_last_stride(value.get_size()))
 
 
-def _random(shape: Sequence[int], dtype: torch.dtype, channels_last: bool) -> torch.Tensor:
-    t = torch.randn(tuple(shape), dtype=dtype)
+def _random(shape: Sequence[int], dtype: torch.dtype, channels_last: bool,
+            device: Any = "cpu") -> torch.Tensor:
+    t = torch.randn(tuple(shape), dtype=dtype, device=device)
     return t.contiguous(memory_format=torch.channels_last) if channels_last else t
 
 
@@ -200,10 +211,13 @@ def channels_last_chosen(gm: torch.fx.GraphModule) -> bool:
     would run it (frozen weights are stored channels-last, freezing.py), against once on
     contiguous ones. oneDNN is usually much faster channels-last, but not on every CPU and
     size (a 1x1 convolution on a small image, a depthwise one): the time of the convolutions is
-    what decides, the pointwise work around them reads either layout."""
+    what decides, the pointwise work around them reads either layout. On a GPU the same, timed
+    with CUDA events and cached under the GPU's key (cuDNN's channels-last kernels are the fast
+    ones for float16/bfloat16 on tensor cores, but not for every size and GPU)."""
     from .autotune import choose
 
     convs: dict[tuple[Any, ...], None] = {}
+    device: Any = "cpu"
     for n in gm.graph.nodes:
         if n.op != "call_function" or n.target is not aten.convolution.default or not _conv2d(n):
             continue
@@ -213,9 +227,15 @@ def channels_last_chosen(gm: torch.fx.GraphModule) -> bool:
             continue
         convs[(tuple(xv.shape), tuple(wv.shape), str(xv.dtype), b is not None,
                *[tuple(a) if isinstance(a, (list, tuple)) else a for a in n.args[3:9]])] = None
+        device = xv.device
     if not convs:
         return True
     sig = tuple(convs)
+    where: dict[str, Any] = {}
+    if getattr(device, "type", device) == "cuda":
+        from .runtime.triton import machine_key
+
+        where = {"device": "cuda", "machine_id": machine_key()}
     state: dict[bool, list[Any]] = {}
 
     def operands(cl: bool) -> list[Any]:
@@ -223,8 +243,8 @@ def channels_last_chosen(gm: torch.fx.GraphModule) -> bool:
             ops_ = []
             for xs, ws, dt, has_b, stride, pad, dil, tr, opad, groups in sig:
                 dtype = getattr(torch, dt.replace("torch.", ""))
-                ops_.append((_random(xs, dtype, cl), _random(ws, dtype, cl),
-                             torch.randn(ws[0], dtype=dtype) if has_b else None,
+                ops_.append((_random(xs, dtype, cl, device), _random(ws, dtype, cl, device),
+                             torch.randn(ws[0], dtype=dtype, device=device) if has_b else None,
                              stride, pad, dil, tr, opad, groups))
             state[cl] = ops_
         return state[cl]
@@ -238,7 +258,7 @@ def channels_last_chosen(gm: torch.fx.GraphModule) -> bool:
     with torch.no_grad():
         return choose("conv_layout", sig, {"channels_last": run(True),
                                            "contiguous": run(False)},
-                      default="channels_last") == "channels_last"
+                      default="channels_last", **where) == "channels_last"
 
 
 def decide_layout(gm: torch.fx.GraphModule, options: dict[str, Any]) -> bool:
@@ -328,12 +348,14 @@ def lower_conv(g: Any, plan: LayoutPlan, node: torch.fx.Node, args: Sequence[Any
         if isinstance(args[2], IRNode) and not isinstance(args[2], NoneValue):
             args[2] = g.realize(args[2])
         size = tuple(meta.shape)
-        layout = Layout(size, channels_last_stride(size), meta.dtype, meta.device)
-        fused = _relu_epilogue(g, plan, node, args, layout, origins)
+        layout = Layout(size, _result_strides(node.target, args, [meta])[0], meta.dtype,
+                        meta.device)
+        r = rules(meta)
+        fused = _relu_epilogue(g, plan, node, args, layout, origins) if r.onednn else None
         if fused is not None:
             return fused
         call, cargs = node.target, args
-        if _onednn_conv_chosen(plan, node, args):
+        if r.onednn and _onednn_conv_chosen(plan, node, args):
             # the same convolution through oneDNN directly (mkldnn._convolution_pointwise, no
             # post-op): where ATen would take another path (its channels-last 1x1 convolution
             # with a bias runs the slow im2col-free GEMM path, aten::_slow_conv2d_forward)
@@ -349,7 +371,9 @@ def lower_conv(g: Any, plan: LayoutPlan, node: torch.fx.Node, args: Sequence[Any
     go, x, w = args[0], args[1], args[2]
     if not all(isinstance(a, IRNode) for a in (go, x, w)) or len(w.get_size()) != 4:
         return None
-    if list(w.get_size()[2:]) == [1, 1] and any(st != 1 for st in args[4]):
+    x_meta = node.args[1].meta.get("val")
+    if (rules(x_meta).strided_1x1_backward_contiguous and list(w.get_size()[2:]) == [1, 1]
+            and any(st != 1 for st in args[4])):
         # ATen's channels-last backward of a strided 1x1 convolution corrupts the heap for
         # some sizes (torch 2.13, e.g. grad (3,16,5,4), input (3,8,10,8), stride 2: "free():
         # invalid next size"): this one runs on contiguous operands (contiguous results), and
@@ -359,16 +383,59 @@ def lower_conv(g: Any, plan: LayoutPlan, node: torch.fx.Node, args: Sequence[Any
     args[1] = plan.to_channels_last(g, x)
     args[2] = (plan.to_channels_last(g, w) if plan.weights in ("all", "backward")
                else g.realize(w))
-    outs = _extern_multi(g, node.target, args, origins, meta, _conv_backward_layout)
+    strides = _result_strides(node.target, args, meta)
+    outs = _extern_multi(g, node.target, args, origins, meta,
+                         lambda i, m: (tuple(m.shape), strides[i]))
     counters["conv"] += 1
     return tuple(outs)
 
 
-def _conv_backward_layout(i: int, m: torch.Tensor) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-    """Size and strides of result ``i`` of a channels-last convolution backward (the input and
-    weight gradients channels-last, the bias gradient as its metadata says)."""
-    size = tuple(m.shape)
-    return size, (channels_last_stride(size) if i < 2 else tuple(m.stride()))
+def _result_strides(op: Any, args: Sequence[Any], metas: Sequence[Any]) -> list[Any]:
+    """Strides of each result of the convolution ``op`` (forward or backward) on ``args``, the
+    lowered operands in the layouts the plan gives them.
+
+    CPU (rules ``result_strides="channels_last"``): the input and weight gradients and the
+    forward's result are channels-last, the bias gradient as its metadata says. Elsewhere
+    (``"aten"``): ATen's own answer, from the same call on fake tensors of the operands' sizes,
+    strides, dtypes and device, which runs ATen's choice of library and memory format (on a GPU,
+    cuDNN's channels-last result; another CUDA kernel's contiguous one); the wrapper then reads
+    exactly what the call returns."""
+    first = next(m for m in metas if isinstance(m, torch.Tensor))
+    r = rules(first)
+    if r is None or r.result_strides == "channels_last":
+        return [None if m is None else (channels_last_stride(m.shape) if i < 2
+                                        else tuple(m.stride()))
+                for i, m in enumerate(metas)]
+    out = _fake_call(op, args, first)
+    outs = out if isinstance(out, (list, tuple)) else [out]
+    return [None if m is None or o is None else tuple(int(v) for v in o.stride())
+            for m, o in zip(metas, outs)]
+
+
+def _fake_call(op: Any, args: Sequence[Any], like: torch.Tensor) -> Any:
+    """``op`` on fake tensors with the geometry of the lowered IR values in ``args`` (other
+    arguments as they are), in ``like``'s fake mode (a fresh one for a real tensor)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from .ir import IRNode, NoneValue
+
+    mode = getattr(like, "fake_mode", None) or FakeTensorMode()
+
+    def fake(a: Any) -> Any:
+        if isinstance(a, NoneValue):
+            return None
+        if isinstance(a, IRNode):
+            lay = a.layout if hasattr(a, "layout") else None
+            size = [int(v) for v in a.get_size()]
+            stride = ([int(v) for v in lay.stride] if lay is not None
+                      else list(torch.empty(size, device="meta").stride()))
+            return torch.empty_strided(size, stride, dtype=a.dtype, device=like.device)
+        if isinstance(a, (list, tuple)):
+            return type(a)(fake(x) for x in a)
+        return a
+
+    with mode:
+        return op(*[fake(a) for a in args])
 
 
 def _extern_multi(g: Any, op: Any, args: Sequence[Any], origins: list[str],
@@ -639,8 +706,8 @@ def lower_var_mean(g: Any, plan: LayoutPlan, node: torch.fx.Node, args: Sequence
         return None
     arg0 = node.args[0] if node.args else None
     meta = arg0.meta.get("val") if isinstance(arg0, torch.fx.Node) else None
-    if (not _static_4d(meta) or meta.dtype != torch.float32 or not isinstance(x, IRNode)
-            or list(x.get_size()) != list(meta.shape)
+    if (not _static_4d(meta) or meta.dtype != torch.float32 or not rules(meta).f64_statistics
+            or not isinstance(x, IRNode) or list(x.get_size()) != list(meta.shape)
             or not isinstance(correction, int) or isinstance(correction, bool)):
         return None
     if sorted(d % 4 for d in (dims or ())) != [0, 2, 3]:
@@ -725,8 +792,8 @@ def lower_mean(g: Any, plan: LayoutPlan, node: torch.fx.Node, args: Sequence[Any
         return None
     arg0 = node.args[0] if node.args else None
     meta = arg0.meta.get("val") if isinstance(arg0, torch.fx.Node) else None
-    if (not _static_4d(meta) or not isinstance(x, IRNode) or not isinstance(dims, (list, tuple))
-            or list(x.get_size()) != list(meta.shape)):
+    if (not _static_4d(meta) or not rules(meta).f64_statistics or not isinstance(x, IRNode)
+            or not isinstance(dims, (list, tuple)) or list(x.get_size()) != list(meta.shape)):
         return None
     if sorted(d % 4 for d in dims) != [2, 3] or len(dims) != 2:
         return None
@@ -786,7 +853,8 @@ def lower_pool(g: Any, plan: LayoutPlan, node: torch.fx.Node, args: Sequence[Any
         if not isinstance(m, torch.Tensor) or m.dim() != 4 or not all(
                 isinstance(v, int) for v in (*m.shape, *m.stride())):
             return None
-        if i == which[0] and (m.dtype not in _DTYPES or m.device.type != "cpu"):
+        # ATen's channels-last pooling kernels are checked on the CPU only
+        if i == which[0] and (not _static_4d(m) or m.device.type != "cpu"):
             return None
     for i in which:
         args[i] = plan.to_channels_last(g, args[i])

@@ -16,12 +16,59 @@ candidates are the code generator's (codegen/cpp.py, codegen/triton.py and the r
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
 import torch
 
-__all__ = ["Target", "CppTarget", "TritonTarget", "target_for"]
+__all__ = ["Target", "CppTarget", "TritonTarget", "target_for", "ConvLayoutRules",
+           "conv_layout_rules"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvLayoutRules:
+    """What the channels-last layout plan (layout.py) may do with one device's convolutions.
+
+    These follow the device whose ATen runs the convolutions (oneDNN on a CPU, cuDNN on a GPU),
+    not the code generator: CPU tensors under ``cpu_codegen="triton"`` keep the CPU's rules.
+
+    * ``dtypes``: the dtypes whose 2-d convolutions and 4-d stored values the plan makes
+      channels-last;
+    * ``onednn``: oneDNN's own entry points (a fused ReLU / add+ReLU epilogue, the timed
+      ``mkldnn._convolution_pointwise`` path), which exist for CPU tensors only;
+    * ``f64_statistics``: per-channel ``var_mean`` and spatial ``mean`` of channels-last values
+      accumulated in float64 in one pass (cheap on a CPU; a GPU's float64 rate is a fraction of
+      its float32 one, so there the usual lowering, which reads any layout, is kept);
+    * ``result_strides``: ``"channels_last"`` when ATen's result for channels-last operands is
+      channels-last for every size (checked by tests/inductor/test_layout.py on the CPU);
+      ``"aten"`` when it depends on which library ATen picks for the size (cuDNN returns
+      channels-last, its other CUDA kernels need not): asked of ATen itself through fake
+      tensors, which run the same choice;
+    * ``strided_1x1_backward_contiguous``: the backward of a strided 1x1 convolution runs on
+      contiguous operands (ATen's channels-last CPU kernel corrupts the heap for some sizes).
+    """
+
+    dtypes: tuple[torch.dtype, ...]
+    onednn: bool
+    f64_statistics: bool
+    result_strides: str
+    strided_1x1_backward_contiguous: bool
+
+
+_CONV_RULES = {
+    "cpu": ConvLayoutRules((torch.float32, torch.float64), onednn=True, f64_statistics=True,
+                           result_strides="channels_last", strided_1x1_backward_contiguous=True),
+    # cuDNN keeps float64 contiguous (its channels-last kernels take float32/16 and bfloat16)
+    "cuda": ConvLayoutRules((torch.float32, torch.float16, torch.bfloat16), onednn=False,
+                            f64_statistics=False, result_strides="aten",
+                            strided_1x1_backward_contiguous=False),
+}
+
+
+def conv_layout_rules(device: Any) -> ConvLayoutRules | None:
+    """The rules for tensors on ``device`` (a torch.device or its type); None: no plan there."""
+    return _CONV_RULES.get(getattr(device, "type", device))
 
 
 class Target:
