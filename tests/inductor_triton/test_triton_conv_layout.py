@@ -64,6 +64,25 @@ def test_cuda_convolutions_read_channels_last_operands(dtype: torch.dtype) -> No
     assert "mkldnn" not in src and "float64" not in src
 
 
+def test_cuda_weight_cast_stored_channels_last() -> None:
+    """autocast's per-call cast of a float32 weight to bfloat16 writes channels-last order
+    (cuDNN would copy a contiguous weight to channels-last inside every call)."""
+    from ember_inductor.compile_fx import generate_source
+    from ember_inductor.decompositions import decompositions
+
+    def conv(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor]:
+        return (F.conv2d(x, w.to(torch.bfloat16), padding=1).relu(),)
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        gm = make_fx(conv, decomposition_table=decompositions())(
+            torch.empty(2, 16, 12, 12, device="cuda", dtype=torch.bfloat16),
+            torch.empty(32, 16, 3, 3, device="cuda"))
+    src, _ = generate_source(gm, key="wcast", options={"layout_opt": True})
+    (wname,) = re.findall(r"aten\.convolution\.default\(\w+, (\w+),", src)
+    assert re.search(rf"{wname} = _empty\(\(32, 16, 3, 3\), \(144, 1, 48, 16\), "
+                     r"dtype=torch\.bfloat16", src), src
+
+
 def test_cuda_rules_keep_float64_contiguous() -> None:
     """cuDNN keeps float64 convolutions contiguous: no plan, no copies."""
     src = _cuda_source(torch.float64)

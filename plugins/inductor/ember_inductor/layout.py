@@ -342,9 +342,11 @@ def lower_conv(g: Any, plan: LayoutPlan, node: torch.fx.Node, args: Sequence[Any
         if not isinstance(x, IRNode) or not isinstance(w, IRNode) or len(w.get_size()) != 4:
             return None
         # the weight stays as it is: ATen's result is channels-last for a channels-last
-        # input whatever the weight's layout, and a weight copy per call buys little
+        # input whatever the weight's layout, and a weight copy per call buys little (but see
+        # _weight_channels_last)
         args[0] = plan.to_channels_last(g, x)
-        args[1] = plan.to_channels_last(g, w) if plan.weights == "all" else g.realize(w)
+        args[1] = (plan.to_channels_last(g, w)
+                   if plan.weights == "all" or _weight_channels_last(w, meta) else g.realize(w))
         if isinstance(args[2], IRNode) and not isinstance(args[2], NoneValue):
             args[2] = g.realize(args[2])
         size = tuple(meta.shape)
@@ -381,13 +383,25 @@ def lower_conv(g: Any, plan: LayoutPlan, node: torch.fx.Node, args: Sequence[Any
         return _strided_1x1_backward(g, plan, node, args, origins, meta)
     args[0] = plan.to_channels_last(g, go)
     args[1] = plan.to_channels_last(g, x)
-    args[2] = (plan.to_channels_last(g, w) if plan.weights in ("all", "backward")
+    args[2] = (plan.to_channels_last(g, w)
+               if plan.weights in ("all", "backward") or _weight_channels_last(w, x_meta)
                else g.realize(w))
     strides = _result_strides(node.target, args, meta)
     outs = _extern_multi(g, node.target, args, origins, meta,
                          lambda i, m: (tuple(m.shape), strides[i]))
     counters["conv"] += 1
     return tuple(outs)
+
+
+def _weight_channels_last(w: Any, meta: Any) -> bool:
+    """Store a weight the graph computes (autocast's cast of a parameter: a lazy value) in
+    channels-last order? Where the device's rules say so: cuDNN copies a contiguous weight to
+    channels-last inside every channels-last convolution, and the cast writes either order at
+    the same cost."""
+    from .ir import Pointwise
+
+    r = rules(meta)
+    return r is not None and r.weights_channels_last and isinstance(w, Pointwise)
 
 
 def _result_strides(op: Any, args: Sequence[Any], metas: Sequence[Any]) -> list[Any]:

@@ -46,7 +46,10 @@ class ConvLayoutRules:
       channels-last, its other CUDA kernels need not): asked of ATen itself through fake
       tensors, which run the same choice;
     * ``strided_1x1_backward_contiguous``: the backward of a strided 1x1 convolution runs on
-      contiguous operands (ATen's channels-last CPU kernel corrupts the heap for some sizes).
+      contiguous operands (ATen's channels-last CPU kernel corrupts the heap for some sizes);
+    * ``weights_channels_last``: a weight the graph computes (autocast's cast of a parameter)
+      is stored channels-last (cuDNN copies a contiguous one to channels-last in every call; the
+      CPU's oneDNN path gains nothing from it, measured on convnet).
     """
 
     dtypes: tuple[torch.dtype, ...]
@@ -54,15 +57,17 @@ class ConvLayoutRules:
     f64_statistics: bool
     result_strides: str
     strided_1x1_backward_contiguous: bool
+    weights_channels_last: bool
 
 
 _CONV_RULES = {
     "cpu": ConvLayoutRules((torch.float32, torch.float64), onednn=True, f64_statistics=True,
-                           result_strides="channels_last", strided_1x1_backward_contiguous=True),
+                           result_strides="channels_last", strided_1x1_backward_contiguous=True,
+                           weights_channels_last=False),
     # cuDNN keeps float64 contiguous (its channels-last kernels take float32/16 and bfloat16)
     "cuda": ConvLayoutRules((torch.float32, torch.float16, torch.bfloat16), onednn=False,
                             f64_statistics=False, result_strides="aten",
-                            strided_1x1_backward_contiguous=False),
+                            strided_1x1_backward_contiguous=False, weights_channels_last=True),
 }
 
 
