@@ -4,6 +4,7 @@ built or run), so what the wrapper does on a GPU is pinned here, in CI."""
 
 from __future__ import annotations
 
+import re
 from typing import Any, Callable
 
 import pytest
@@ -115,3 +116,20 @@ def test_cuda_products_padded_only_where_decided() -> None:
     assert "<- constant_pad_nd" in forced and "# extern [64, 80]" in forced
     auto, _ = generate_source(gm, key="auto", options={})
     assert "constant_pad_nd" not in auto and "# extern [64, 77]" in auto
+
+
+def test_host_values_of_a_cuda_graph_run_as_aten() -> None:
+    """A value eager computes on the CPU in a CUDA graph (position ids made with arange on the
+    host, then copied: HF Mistral's graphs) runs as ATen's CPU ops and its host-to-device copy;
+    the device kernels read the copy. (The whole graph once ran eagerly: "computed on the CPU in
+    a cuda graph".)"""
+    def f(x: torch.Tensor) -> tuple[torch.Tensor]:
+        t = (torch.arange(16) * 2.0).sin()
+        return (x + t.to(x.device),)
+
+    src = _source(f, lambda d: (torch.empty(8, 16, device=d),), "cuda")
+    body = src[src.index("def call"):]
+    for op in ("arange", "mul.Tensor", "sin.default", "_to_copy.default"):
+        assert f"torch.ops.aten.{op}" in body, body
+    copy = re.search(r"(buf\d+) = torch\.ops\.aten\._to_copy\.default\(", body)
+    assert copy is not None and re.search(rf"kernel0\(128, arg0, {copy.group(1)}, ", body), body

@@ -144,6 +144,7 @@ def generate_source(gm: torch.fx.GraphModule, key: str = "",
         # var/var_mean about the row's first element (lowering/reductions.py): both targets
         graph.shifted_var_mean = True
         graph.random_in_kernels = target.name == "triton"
+        graph.host_ops_as_aten = target.device != "cpu"
         # channels-last activations in graphs with convolutions (layout.py)
         graph.layout_plan = plan_for(gm, options or {})
         # C++ keeps values read back by a later loop of their row in a stack row (or the

@@ -153,6 +153,10 @@ class GraphLowering:
         #: rand/randn/bernoulli as Philox draws in the kernels (lowering/random.py; the Triton
         #: target), else ATen calls
         self.random_in_kernels = False
+        #: a GPU graph's values eager computes on the CPU (position ids made with arange on the
+        #: host, then copied) run as ATen's CPU ops and its host-to-device copy, not as kernels
+        #: of the graph's device (_on_host)
+        self.host_ops_as_aten = False
         self._n = 0
         self._cse: dict[Any, torch.fx.Node] = {}
         self._realized: dict[int, tuple[IRNode, Buffer]] = {}
@@ -415,6 +419,8 @@ class GraphLowering:
         if node.target is operator.getitem:
             return self._maybe_realize(node, args[0][args[1]])
         fn = LOWERINGS.get(node.target)
+        if fn is not None and self.host_ops_as_aten and _on_host(node):
+            fn = None
         if fn is not None and any(isinstance(a, IRNode) and not isinstance(a, NoneValue)
                                   and a.dtype not in SUPPORTED_DTYPES
                                   for a in pytree.tree_leaves((args, kwargs))):
@@ -540,3 +546,19 @@ class GraphLowering:
                 value = self.realize(value, list(channels_last_stride(meta.shape)))
             return plan.to_channels_last(self, value)
         return self._eager_layout(self.realize_like_meta(value, meta), meta)
+
+
+def _host_tensors(v: Any) -> bool:
+    return any(isinstance(t, torch.Tensor) and t.device.type == "cpu"
+               for t in pytree.tree_leaves(v))
+
+
+def _on_host(node: torch.fx.Node) -> bool:
+    """In a GPU graph: does ``node`` compute a CPU tensor, or read one that the graph computed
+    (not an input or constant, which the kernels' launches copy: runtime/triton.py)? Such a node
+    runs as its ATen op (a CPU op as in eager, or the host-to-device copy): a GPU kernel
+    cannot read host memory the graph wrote."""
+    if _host_tensors(node.meta.get("val")):
+        return True
+    return any(a.op == "call_function" and _host_tensors(a.meta.get("val"))
+               for a in node.all_input_nodes)
