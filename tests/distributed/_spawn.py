@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import sys
 import tempfile
 import time
 from typing import Any, Callable
@@ -21,6 +22,9 @@ import torch.multiprocessing as mp
 def _entry(rank: int, fn: Callable[..., Any], world: int, store: str, args: tuple,
            env: dict[str, str]) -> None:
     os.environ.update(env)
+    import faulthandler
+
+    faulthandler.enable()  # a rank killed by a signal prints every thread's Python stack
     import torch
     import torch.distributed as dist
 
@@ -31,6 +35,24 @@ def _entry(rank: int, fn: Callable[..., Any], world: int, store: str, args: tupl
         fn(rank, world, *args)
     finally:
         dist.destroy_process_group()
+    open(f"{store}.done{rank}", "w").close()
+    # The rank's work is done and checked. Leave without the interpreter's finalization: torch's
+    # gloo process group (still referenced by FSDP2's device mesh and DTensors) can abort the
+    # process while it is torn down there ("terminate called without an active exception",
+    # SIGABRT; seen once in CI, 1 in ~120 runs here; pytorch/pytorch#179291 describes the race).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _join(ctx: Any, store: str, world: int, deadline: float) -> bool:
+    try:
+        return ctx.join(timeout=max(0.1, min(5.0, deadline - time.monotonic())))
+    except mp.ProcessExitedException as e:
+        done = [r for r in range(world) if os.path.exists(f"{store}.done{r}")]
+        raise AssertionError(f"{e} (ranks whose work had finished and passed its checks: "
+                             f"{done}; each rank's Python stacks are printed above when a signal "
+                             "killed it)") from e
 
 
 def run_ranks(fn: Callable[..., Any], *args: Any, world: int = 2, timeout: float = 150,
@@ -43,7 +65,7 @@ def run_ranks(fn: Callable[..., Any], *args: Any, world: int = 2, timeout: float
                                  nprocs=world, join=False, daemon=daemon,
                                  start_method="spawn")
         deadline = time.monotonic() + timeout
-        while not ctx.join(timeout=max(0.1, min(5.0, deadline - time.monotonic()))):
+        while not _join(ctx, store, world, deadline):
             if time.monotonic() > deadline:
                 alive = [i for i, p in enumerate(ctx.processes) if p.is_alive()]
                 for p in ctx.processes:

@@ -426,7 +426,12 @@ def make_compiled(case: Case, backend: str) -> Callable[..., Any]:
 
     if backend.startswith("aot:"):
         return direct_aot(case.make_fn(), backend[4:])
-    return ember.compile(case.make_fn(), backend=backend)
+    return ember.compile(case.make_fn(), backend=backend, options=dict(OPTIONS) or None)
+
+
+#: options of every Ember compile (``--options``: ``{"cpu_codegen": "triton"}`` sends the sweep
+#: through inductor's Triton target, under TRITON_INTERPRET=1 on a CPU)
+OPTIONS: dict[str, Any] = {}
 
 
 def run_ember(case: Case, backend: str, ref_info: tuple[Run, bool, bool] | None = None,
@@ -618,6 +623,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="samples that do not require grad (AOT's inference path)")
     p.add_argument("--inplace", action="store_true",
                    help="the ops' in-place variants (input mutations, aliased results)")
+    p.add_argument("--options", default="",
+                   help='options of every Ember compile, as JSON: \'{"cpu_codegen": "triton"}\'')
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
     global GRAD, INPLACE
@@ -625,6 +632,8 @@ def main(argv: list[str] | None = None) -> int:
         GRAD = False
     if args.inplace:
         INPLACE = True
+    if args.options:
+        OPTIONS.update(json.loads(args.options))
     if args.merge_oracle is not None:
         n, dropped = merge_oracle(args.merge_oracle, args.oracle)
         print(f"merged {n} samples, dropped {dropped} (not the same sample here)")
