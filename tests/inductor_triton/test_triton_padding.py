@@ -108,3 +108,31 @@ def test_padded_model_trains_like_eager():
         torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-5, msg=n)
     # forward and backward both multiplied padded operands (13 -> 16 columns)
     assert len(seen) == 2 and all("<- constant_pad_nd" in s for s in seen)
+
+
+def test_timed_padding_counts_the_copy_of_a_returned_product(monkeypatch):
+    """A product the graph returns is copied back to eager's strides after padding: the timed
+    padded candidate includes that copy (it once timed the padded product alone); a product
+    read by a kernel is timed without it. The candidates run here on CPU tensors."""
+    from ember_inductor import autotune, padding
+
+    seen = {}
+
+    def fake_choose(kind, sig, candidates, default=None, device="cpu", machine_id=None):
+        seen[sig[-1]] = candidates["padded"]()
+        return "direct"
+
+    monkeypatch.setattr(autotune, "choose", fake_choose)
+
+    def returned(x, w):
+        return (x @ w,)
+
+    def consumed(x, w):
+        return ((x @ w).relu(),)
+
+    for fn in (returned, consumed):
+        gm = make_fx(fn, tracing_mode="fake")(torch.randn(6, 10), torch.randn(10, 7))
+        (mm,) = [n for n in gm.graph.nodes if n.target is aten.mm.default]
+        assert padding._time_choice(mm, padding._plan(mm, forced=True)) is False
+    assert seen[True].shape == (6, 7) and seen[True].is_contiguous()  # the copy, timed
+    assert seen[False].shape == (6, 8)  # the padded product alone (N padded to 8)

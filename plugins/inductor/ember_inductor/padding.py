@@ -20,7 +20,8 @@ everything downstream keeps the geometry it was traced with -- fuses into the co
 stored in eager's strides where the result is a graph output.
 
 Whether padding pays depends on the GPU, the library version and the sizes, not on a rule: each
-product's two candidates (as traced, and padded with the pads' copies counted) are timed with
+product's two candidates (as traced, and padded with the pads' copies counted, and the copy back
+to eager's strides where the graph returns the product) are timed with
 CUDA events on random operands of the real geometry, once per GPU, driver, torch and Triton
 version (:func:`ember_inductor.autotune.choose` with the GPU's key), and remembered on disk.
 Products below :data:`UNTIMED_MACS` multiply-adds are left alone untimed (nothing to win that
@@ -110,7 +111,7 @@ def _time_choice(n: torch.fx.Node, plan: tuple[int, int, int]) -> bool:
     pm, pk, pn = plan
     metas = [x.meta["val"] for x in n.args]
     sig = (str(n.target), [tuple(v.shape) for v in metas], [tuple(v.stride()) for v in metas],
-           str(metas[-1].dtype), plan)
+           str(metas[-1].dtype), plan, any(u.op == "output" for u in n.users))
     state: dict[str, Any] = {}
 
     def operands() -> list[torch.Tensor]:
@@ -123,12 +124,19 @@ def _time_choice(n: torch.fx.Node, plan: tuple[int, int, int]) -> bool:
     def direct() -> Any:
         return op(*operands())
 
+    # a product the graph returns is stored back in eager's (unpadded, dense) strides: that
+    # copy is the padded candidate's too (a consumer kernel otherwise reads the slice in place)
+    returned = any(u.op == "output" for u in n.users)
+    m_, n_ = metas[-2].shape[-2], metas[-1].shape[-1]
+
     def padded() -> Any:
         xs = operands()
         a, b = _padded(xs[-2], pm, pk), _padded(xs[-1], pk, pn)
         if op is aten.addmm.default:
-            return op(_padded(xs[0], pm, pn), a, b)
-        return op(a, b)
+            out = op(_padded(xs[0], pm, pn), a, b)
+        else:
+            out = op(a, b)
+        return out[..., :m_, :n_].contiguous() if returned else out
 
     return choose("mm_pad", sig, {"direct": direct, "padded": padded}, default="direct",
                   device="cuda", machine_id=machine_key()) == "padded"
