@@ -134,7 +134,7 @@ class _Collect(logging.Handler):
             self.out.append(msg[:400])
 
 
-def run_ember(name: str, mode: str, backend: str) -> Result:
+def run_ember(name: str, mode: str, backend: str, options: dict | None = None) -> Result:
     import ember
     import ember.events
 
@@ -151,7 +151,7 @@ def run_ember(name: str, mode: str, backend: str) -> Result:
     capture_log.addHandler(handler)  # warnings that an entry ran eagerly
     fallback_log.setLevel(logging.INFO)
     try:
-        compiled = ember.compile(model, backend=backend)
+        compiled = ember.compile(model, backend=backend, options=options)
         out, grads = run_once(model, inputs, mode, compiled)
     except Exception as e:  # reported, not raised: the corpus lists every failure
         res.error = f"{type(e).__name__}: {str(e)[:300]}"

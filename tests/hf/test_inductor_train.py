@@ -9,6 +9,7 @@ corpus and the held-out architectures run as a script, with their table in docs/
 
     python -m tests.hf.test_inductor_train            # every corpus architecture, a table
     python -m tests.hf.test_inductor_train --eval     # the same in eval mode (inference)
+    TRITON_INTERPRET=1 python -m tests.hf.test_inductor_train --triton   # the Triton target
     EMBER_DEBUG_FILL=1 python -m tests.hf.sweep_heldout run --train inductor   # held-out ones
 """
 
@@ -31,11 +32,11 @@ CI_SAMPLE = ("gpt2", "llama", "gemma2", "bert", "deberta-v2", "t5", "bart", "vit
              "convnext", "resnet", "swin", "wav2vec2", "whisper", "clip", "mixtral", "mamba")
 
 
-def run(name: str, mode: str = "train") -> harness.Result:
+def run(name: str, mode: str = "train", options: dict | None = None) -> harness.Result:
     import ember
 
     with ember.config.patch(debug_fill=True):
-        return harness.run_ember(name, mode, "inductor")
+        return harness.run_ember(name, mode, "inductor", options)
 
 
 def _check(r: harness.Result) -> None:
@@ -56,16 +57,17 @@ def test_inductor_train(name: str) -> None:
     _check(run(name))
 
 
-def main(names: list[str], mode: str = "train") -> int:
+def main(names: list[str], mode: str = "train", options: dict | None = None) -> int:
     """Every corpus architecture (or ``names``) in ``mode``: one row each, and the count of
-    failures."""
+    failures. ``options``: of every compile (``--triton``: ``cpu_codegen="triton"``, the Triton
+    target under TRITON_INTERPRET=1)."""
     bad = 0
     print("| model | family | graphs | fallbacks | result | seconds |")
     print("| --- | --- | ---: | ---: | --- | ---: |")
     for name in names or list(models.SPECS):
         t0 = time.perf_counter()
         try:
-            r = run(name, mode)
+            r = run(name, mode, options)
             verdict = r.error or ("fallback: " + "; ".join(r.fallback_reasons)[:120]
                                   if r.fallbacks else r.accuracy)
             ok = r.ok
@@ -84,4 +86,5 @@ if __name__ == "__main__":
     warnings.filterwarnings("ignore")
     args = sys.argv[1:]
     mode = "eval" if "--eval" in args else "train"
-    sys.exit(1 if main([a for a in args if a != "--eval"], mode) else 0)
+    opts = {"cpu_codegen": "triton"} if "--triton" in args else None
+    sys.exit(1 if main([a for a in args if a not in ("--eval", "--triton")], mode, opts) else 0)

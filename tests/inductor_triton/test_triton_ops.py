@@ -209,6 +209,39 @@ def test_dynamic_shapes_sizes_are_arguments():
         assert_same(cf(x, y), fn(x, y))
 
 
+def test_dynamic_flattened_index_divides_by_a_product_of_sizes():
+    """A transposing copy with a symbolic dim: the flattened index is divided by ``32*s`` and
+    taken modulo products of sizes. Printed without parentheses (``xindex // 32*s``) it read
+    and wrote the wrong elements, past the buffer's end (HF switch_transformers training
+    segfaulted in the interpreter); the C++ printer had the same flaw."""
+    def fn(x):
+        return (x.transpose(1, 2).contiguous() * 2,)
+    cf = compile_triton(fn, dynamic=True)
+    for n in (3, 5, 9):
+        x = t(2, n, 4, 8)
+        assert_same(cf(x), fn(x))
+
+
+def test_index_printers_parenthesize_products():
+    import sympy
+
+    from ember_inductor.codegen.triton import _tl
+    from ember_inductor.sizes import FloorDiv, ModularIndexing, _c
+
+    x = sympy.Symbol("x", integer=True, nonnegative=True)
+    s = sympy.Symbol("s0", integer=True, positive=True)
+    assert _tl(FloorDiv(x, 32 * s)) == "(x // (32*s0))"
+    assert _tl(ModularIndexing(x, 8 * s, 4)) == "((x // (8*s0)) % 4)"
+    assert _tl(ModularIndexing(x, 1, 2 * s)) == "(x % (2*s0))"
+    assert _c(FloorDiv(x, 32 * s)) == "(x / (32*s0))"
+    assert _c(ModularIndexing(x, 8 * s, 4)) == "((x / (8*s0)) % 4)"
+    assert _tl(FloorDiv(x + 1, 3)) == "((x + 1) // 3)"
+    for n in range(1, 40):  # the printed expressions evaluate as the sympy ones do
+        for e in (FloorDiv(x, 3 * s), ModularIndexing(x, 2 * s, 5), ModularIndexing(x, 1, 2 * s)):
+            want = int(e.subs({x: 7 * n + 3, s: 2}))
+            assert eval(_tl(e).replace("x", str(7 * n + 3)).replace("s0", "2")) == want
+
+
 def test_mm_epilogue_and_scalar_reduction():
     def fn(x, w, b):
         h = torch.relu(x @ w + b)

@@ -96,17 +96,40 @@ def print_sum(e: Any, rec: Any) -> str:
     return f"({out})"
 
 
+def operand(e: Any, rec: Any) -> str:
+    """``e`` printed by ``rec`` as the operand of a division or a remainder: parenthesized
+    unless a number, a symbol or already parenthesized. ``x // (32*s0)`` printed as
+    ``x // 32*s0`` is ``(x // 32)*s0`` in C and Python: a wrong index (the Triton target's
+    flattened indices divide by products of symbolic sizes)."""
+    e = sympy.sympify(e)
+    out = rec(e)
+    if e.is_Integer or e.is_Symbol or isinstance(e, (FloorDiv, ModularIndexing)):
+        return out
+    return out if out.startswith("(") and out.endswith(")") and _balanced(out[1:-1]) \
+        else f"({out})"
+
+
+def _balanced(s: str) -> bool:
+    depth = 0
+    for ch in s:
+        depth += ch == "("
+        depth -= ch == ")"
+        if depth < 0:
+            return False
+    return depth == 0
+
+
 def _c(e: Any) -> str:
     if e.is_Integer:
         return str(int(e))
     if e.is_Symbol:
         return e.name
     if isinstance(e, FloorDiv):
-        return f"({_c(e.args[0])} / {_c(e.args[1])})"
+        return f"({operand(e.args[0], _c)} / {operand(e.args[1], _c)})"
     if isinstance(e, ModularIndexing):
         a, d, m = e.args
-        inner = _c(a) if d == 1 else f"({_c(a)} / {_c(d)})"
-        return f"({inner} % {_c(m)})"
+        inner = operand(a, _c) if d == 1 else f"({operand(a, _c)} / {operand(d, _c)})"
+        return f"({inner} % {operand(m, _c)})"
     if isinstance(e, (sympy.Max, sympy.Min)):
         op = ">" if isinstance(e, sympy.Max) else "<"
         out = _c(e.args[0])

@@ -37,8 +37,8 @@ import torch
 
 from ..ir import Reduction
 from ..scheduler import CppRegion, FusedGroup, LoopBlock, Member, Scheduler
-from ..sizes import (FloorDiv, ModularIndexing, is_symbolic, print_sum, product, size_hint, sym,
-                     to_py)
+from ..sizes import (FloorDiv, ModularIndexing, is_symbolic, operand, print_sum, product,
+                     size_hint, sym, to_py)
 from ..virtualized import set_ops_handler
 
 __all__ = ["generate_triton", "TritonSources", "KernelSpec", "wrapper_header", "wrapper_call"]
@@ -157,11 +157,11 @@ def _tl(e: Any) -> str:
     if e.is_Symbol:
         return e.name
     if isinstance(e, FloorDiv):
-        return f"({_tl(e.args[0])} // {_tl(e.args[1])})"
+        return f"({operand(e.args[0], _tl)} // {operand(e.args[1], _tl)})"
     if isinstance(e, ModularIndexing):
         a, d, m = e.args
-        inner = _tl(a) if d == 1 else f"({_tl(a)} // {_tl(d)})"
-        return f"({inner} % {_tl(m)})"
+        inner = operand(a, _tl) if d == 1 else f"({operand(a, _tl)} // {operand(d, _tl)})"
+        return f"({inner} % {operand(m, _tl)})"
     if isinstance(e, (sympy.Max, sympy.Min)):
         f = "tl.maximum" if isinstance(e, sympy.Max) else "tl.minimum"
         out = _tl(e.args[0])
@@ -736,9 +736,9 @@ class TritonKernel:
         n = len(sizes)
         for i, (nm, s) in enumerate(zip(names, sizes)):
             inner = product(sizes[i + 1:])
-            e = flat if inner == 1 else f"({flat} // {_tl(inner)})"
+            e = flat if inner == 1 else f"({flat} // {operand(inner, _tl)})"
             if i > 0:
-                e = f"{e} % {_tl(s)}"
+                e = f"{e} % {operand(s, _tl)}"
             self.line(f"{nm} = {e}")
         del n, prefix
 
