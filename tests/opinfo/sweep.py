@@ -426,12 +426,15 @@ def make_compiled(case: Case, backend: str) -> Callable[..., Any]:
 
     if backend.startswith("aot:"):
         return direct_aot(case.make_fn(), backend[4:])
-    return ember.compile(case.make_fn(), backend=backend, options=dict(OPTIONS) or None)
+    return ember.compile(case.make_fn(), backend=backend, options=dict(OPTIONS) or None,
+                         dynamic=DYNAMIC)
 
 
 #: options of every Ember compile (``--options``: ``{"cpu_codegen": "triton"}`` sends the sweep
 #: through inductor's Triton target, under TRITON_INTERPRET=1 on a CPU)
 OPTIONS: dict[str, Any] = {}
+#: ``--dynamic``: every size symbolic from the first compile (symbolic index arithmetic)
+DYNAMIC: bool | None = None
 
 
 def run_ember(case: Case, backend: str, ref_info: tuple[Run, bool, bool] | None = None,
@@ -625,9 +628,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="the ops' in-place variants (input mutations, aliased results)")
     p.add_argument("--options", default="",
                    help='options of every Ember compile, as JSON: \'{"cpu_codegen": "triton"}\'')
+    p.add_argument("--dynamic", action="store_true",
+                   help="compile with dynamic=True (every size symbolic)")
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
-    global GRAD, INPLACE
+    global GRAD, INPLACE, DYNAMIC
+    if args.dynamic:
+        DYNAMIC = True
     if args.no_grad:
         GRAD = False
     if args.inplace:
