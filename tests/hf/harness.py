@@ -134,7 +134,8 @@ class _Collect(logging.Handler):
             self.out.append(msg[:400])
 
 
-def run_ember(name: str, mode: str, backend: str, options: dict | None = None) -> Result:
+def run_ember(name: str, mode: str, backend: str, options: dict | None = None,
+              dynamic: bool | None = None) -> Result:
     import ember
     import ember.events
 
@@ -151,7 +152,7 @@ def run_ember(name: str, mode: str, backend: str, options: dict | None = None) -
     capture_log.addHandler(handler)  # warnings that an entry ran eagerly
     fallback_log.setLevel(logging.INFO)
     try:
-        compiled = ember.compile(model, backend=backend, options=options)
+        compiled = ember.compile(model, backend=backend, options=options, dynamic=dynamic)
         out, grads = run_once(model, inputs, mode, compiled)
     except Exception as e:  # reported, not raised: the corpus lists every failure
         res.error = f"{type(e).__name__}: {str(e)[:300]}"

@@ -10,6 +10,7 @@ corpus and the held-out architectures run as a script, with their table in docs/
     python -m tests.hf.test_inductor_train            # every corpus architecture, a table
     python -m tests.hf.test_inductor_train --eval     # the same in eval mode (inference)
     TRITON_INTERPRET=1 python -m tests.hf.test_inductor_train --triton   # the Triton target
+    python -m tests.hf.test_inductor_train --dynamic  # every size symbolic (dynamic=True)
     EMBER_DEBUG_FILL=1 python -m tests.hf.sweep_heldout run --train inductor   # held-out ones
 """
 
@@ -32,11 +33,12 @@ CI_SAMPLE = ("gpt2", "llama", "gemma2", "bert", "deberta-v2", "t5", "bart", "vit
              "convnext", "resnet", "swin", "wav2vec2", "whisper", "clip", "mixtral", "mamba")
 
 
-def run(name: str, mode: str = "train", options: dict | None = None) -> harness.Result:
+def run(name: str, mode: str = "train", options: dict | None = None,
+        dynamic: bool | None = None) -> harness.Result:
     import ember
 
     with ember.config.patch(debug_fill=True):
-        return harness.run_ember(name, mode, "inductor", options)
+        return harness.run_ember(name, mode, "inductor", options, dynamic)
 
 
 def _check(r: harness.Result) -> None:
@@ -57,7 +59,8 @@ def test_inductor_train(name: str) -> None:
     _check(run(name))
 
 
-def main(names: list[str], mode: str = "train", options: dict | None = None) -> int:
+def main(names: list[str], mode: str = "train", options: dict | None = None,
+         dynamic: bool | None = None) -> int:
     """Every corpus architecture (or ``names``) in ``mode``: one row each, and the count of
     failures. ``options``: of every compile (``--triton``: ``cpu_codegen="triton"``, the Triton
     target under TRITON_INTERPRET=1)."""
@@ -67,7 +70,7 @@ def main(names: list[str], mode: str = "train", options: dict | None = None) -> 
     for name in names or list(models.SPECS):
         t0 = time.perf_counter()
         try:
-            r = run(name, mode, options)
+            r = run(name, mode, options, dynamic)
             verdict = r.error or ("fallback: " + "; ".join(r.fallback_reasons)[:120]
                                   if r.fallbacks else r.accuracy)
             ok = r.ok
@@ -87,4 +90,6 @@ if __name__ == "__main__":
     args = sys.argv[1:]
     mode = "eval" if "--eval" in args else "train"
     opts = {"cpu_codegen": "triton"} if "--triton" in args else None
-    sys.exit(1 if main([a for a in args if a not in ("--eval", "--triton")], mode, opts) else 0)
+    dyn = True if "--dynamic" in args else None
+    flags = ("--eval", "--triton", "--dynamic")
+    sys.exit(1 if main([a for a in args if a not in flags], mode, opts, dyn) else 0)
