@@ -36,9 +36,11 @@ ember.register_backend("inductor_counted", _counting_backend, level="aten",
                        decompositions=_decompositions, override=True)
 
 
-def compile_strict(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` compiled by inductor; running it asserts that compiled code ran."""
-    compiled = ember.compile(fn, backend="inductor_counted")
+def compile_strict(fn: Callable[..., Any], options: dict[str, Any] | None = None
+                   ) -> Callable[..., Any]:
+    """``fn`` compiled by inductor (with ``options``: ``{"cpu_codegen": "triton"}`` for the
+    Triton target under the interpreter); running it asserts that compiled code ran."""
+    compiled = ember.compile(fn, backend="inductor_counted", options=options)
 
     def run(*args: Any) -> Any:
         before = _runs["n"]

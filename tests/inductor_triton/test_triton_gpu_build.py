@@ -12,6 +12,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from triton_util import DEVICE
 
+_PAYLOAD_NAN = __import__("struct").unpack("<d", bytes.fromhex("2301000010f8ff7f"))[0]
+
 GRAPHS = {
     "rows": (lambda x, s: (torch.softmax(x * s, -1), torch.nn.functional.layer_norm(x, (64,)),
                            x.argmax(-1), (x > 0).any(1), x.amax(-1)),
@@ -31,6 +33,12 @@ GRAPHS = {
     "random": (lambda x: (torch.rand_like(x) + torch.randn_like(x) * x,
                           torch.bernoulli(torch.sigmoid(x)), torch.rand_like(x[0, 0])),
                lambda: (torch.randn(16, 24),)),
+    # eager's sign, relu and maximum on signed zeros; NaN constants with their sign and payload
+    # (bit casts of integer constants)
+    "special": (lambda x: (torch.sign(x), torch.relu(x), torch.maximum(x, -x),
+                           torch.full_like(x, _PAYLOAD_NAN) + x,
+                           torch.full_like(x, -float("nan"), dtype=torch.float64)),
+                lambda: (torch.randn(6, 5),)),
     "dtypes": (lambda a, b, c: (a.double() * 2 + 1, (b & (b > 0)) | ~b, c.to(torch.int8) * 3),
                lambda: (torch.randn(10, 7), torch.rand(10, 7) > 0.5,
                         torch.randint(-5, 5, (10, 7)))),

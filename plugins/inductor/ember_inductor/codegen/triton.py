@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import struct
 from typing import Any, Sequence
 
 import sympy
@@ -87,12 +88,13 @@ def _zeros_like(a):
 
 @triton.jit
 def _max_nan(a, b):
-    return tl.where((a != a) | (a > b), a, b)
+    # NaN wins; a tie (0.0 and -0.0) keeps the first operand, as eager's maximum does
+    return tl.where((a != a) | (a >= b), a, b)
 
 
 @triton.jit
 def _min_nan(a, b):
-    return tl.where((a != a) | (a < b), a, b)
+    return tl.where((a != a) | (a <= b), a, b)
 
 
 @triton.jit
@@ -191,11 +193,25 @@ def literal(value: Any, dtype: torch.dtype) -> str:
     if dtype.is_floating_point:
         v = float(value)
         if math.isnan(v):
-            return 'float("nan")'
+            return _nan_literal(v, dtype)
         if math.isinf(v):
             return f'float("{"-" if v < 0 else ""}inf")'
         return repr(v)
     return str(int(value))
+
+
+def _nan_literal(v: float, dtype: torch.dtype) -> str:
+    """A NaN with eager's bits: its sign and payload survive (``torch.full(..., -nan)``; a
+    Python scalar converted to the compute type, as eager converts it)."""
+    if compute_dtype(dtype) == torch.float64:
+        bits = struct.unpack("<q", struct.pack("<d", v))[0]
+        if bits == 0x7FF8000000000000:
+            return 'float("nan")'
+        return f"tl.full([], {bits}, tl.int64).to(tl.float64, bitcast=True)"
+    bits = torch.tensor([v], dtype=torch.float32).view(torch.int32).item()
+    if bits == 0x7FC00000:
+        return 'float("nan")'
+    return f"tl.full([], {bits}, tl.int32).to(tl.float32, bitcast=True)"
 
 
 class TVar:
@@ -229,8 +245,10 @@ _UNARY = {
     "erf": "tl.erf({0})", "erfc": "libdevice.erfc({0})", "lgamma": "libdevice.lgamma({0})",
     "floor": "tl.floor({0})", "ceil": "tl.ceil({0})", "trunc": "libdevice.trunc({0})",
     "round": "libdevice.nearbyint({0})", "frac": "{0} - libdevice.trunc({0})",
-    "sign": "tl.where({0} > 0, 1.0, tl.where({0} < 0, -1.0, {0}))",
-    "relu": "tl.where(({0} != {0}) | ({0} > 0), {0}, 0.0)",
+    # eager's sign: (x > 0) - (x < 0), so NaN and -0.0 give +0.0
+    "sign": "tl.where({0} > 0, 1.0, 0.0) - tl.where({0} < 0, 1.0, 0.0)",
+    # eager's relu keeps -0.0 (max(x, 0) keeps its first operand on a tie)
+    "relu": "tl.where(({0} != {0}) | ({0} >= 0), {0}, 0.0)",
     "silu": "tl.div_rn({0}, 1.0 + tl.exp(-{0}))",
 }
 # float64 has no div_rn/sqrt_rn: its / and sqrt are IEEE already
