@@ -226,7 +226,7 @@ def test_index_printers_parenthesize_products():
     import sympy
 
     from ember_inductor.codegen.triton import _tl
-    from ember_inductor.sizes import FloorDiv, ModularIndexing, _c
+    from ember_inductor.sizes import FloorDiv, ModularIndexing, _c, to_py
 
     x = sympy.Symbol("x", integer=True, nonnegative=True)
     s = sympy.Symbol("s0", integer=True, positive=True)
@@ -236,10 +236,15 @@ def test_index_printers_parenthesize_products():
     assert _c(FloorDiv(x, 32 * s)) == "(x / (32*s0))"
     assert _c(ModularIndexing(x, 8 * s, 4)) == "((x / (8*s0)) % 4)"
     assert _tl(FloorDiv(x + 1, 3)) == "((x + 1) // 3)"
+    # the wrapper's size expressions (grids, allocations, views): HF Swin with every size
+    # symbolic launched a grid of 1/16 of its buffer ("... // 4*(s8*...)")
+    assert to_py(FloorDiv(x, 4 * s)) == "(x // (4*s0))"
+    assert to_py(ModularIndexing(x, 1, 2 * s)) == "(x % (2*s0))"
     for n in range(1, 40):  # the printed expressions evaluate as the sympy ones do
         for e in (FloorDiv(x, 3 * s), ModularIndexing(x, 2 * s, 5), ModularIndexing(x, 1, 2 * s)):
             want = int(e.subs({x: 7 * n + 3, s: 2}))
-            assert eval(_tl(e).replace("x", str(7 * n + 3)).replace("s0", "2")) == want
+            for printed in (_tl(e), to_py(e)):
+                assert eval(printed.replace("x", str(7 * n + 3)).replace("s0", "2")) == want
 
 
 def test_mm_epilogue_and_scalar_reduction():

@@ -419,11 +419,11 @@ def _py(e: Any) -> str:
     if e.is_Symbol:
         return e.name
     if isinstance(e, FloorDiv):
-        return f"({_py(e.args[0])} // {_py(e.args[1])})"
+        return f"({operand(e.args[0], _py)} // {operand(e.args[1], _py)})"
     if isinstance(e, ModularIndexing):
         a, d, m = e.args
-        inner = _py(a) if d == 1 else f"({_py(a)} // {_py(d)})"
-        return f"({inner} % {_py(m)})"
+        inner = operand(a, _py) if d == 1 else f"({operand(a, _py)} // {operand(d, _py)})"
+        return f"({inner} % {operand(m, _py)})"
     if isinstance(e, (sympy.Max, sympy.Min)):
         f = "max" if isinstance(e, sympy.Max) else "min"
         return f"{f}({', '.join(_py(a) for a in e.args)})"
