@@ -132,8 +132,9 @@ w.stdin.write(json.dumps({"path": str(rt._module_path(source)), "name": items[0]
                           "entry": str(rt._entry_dir(rt._entry_key(source, *items[0])))}) + "\n")
 w.stdin.flush()
 out["worker_reply"] = json.loads(w.stdout.readline())
-# kernels identical but for names (one per layer) share one binary: built once
-gm = make_fx(lambda x, w: torch.tanh(torch.tanh(x @ w) @ w),
+# kernels identical but for names (one per layer) share one binary: built once (both tanh
+# internal, so both written in place over the product they read)
+gm = make_fx(lambda x, w: torch.tanh(torch.tanh(x @ w) @ w) @ w,
              decomposition_table=decompositions())(torch.randn(8, 8), torch.randn(8, 8))
 src, _ = generate_source(gm, key="gpu-twins", options={"cpu_codegen": "triton"})
 ns = {}

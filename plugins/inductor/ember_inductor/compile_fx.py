@@ -128,7 +128,7 @@ def generate_source(gm: torch.fx.GraphModule, key: str = "",
     """(wrapper source, info) for an ATen graph; the wrapper embeds the kernels' source (C++
     or Triton: the graph's target, codegen/target.py)."""
     from .codegen.target import target_for
-    from .codegen.wrapper import generate_wrapper
+    from .codegen.wrapper import WrapperWriter
     from .layout import plan_for
     from .lowering import GraphLowering
     from .scheduler import CppRegion, Scheduler
@@ -170,10 +170,13 @@ def generate_source(gm: torch.fx.GraphModule, key: str = "",
             kernels = target.generate(sched, dtypes)
         finally:
             calibrate.override[0] = prev
-        src = generate_wrapper(graph, sched, kernels, key, options, target)
+        writer = WrapperWriter(graph, sched, kernels, key, options, target)
+        src = writer.generate()
     counters["generated"] += 1
+    # buffer_plan: what the wrapper allocates and frees (its live_bytes(): memory per step)
     info = {"fallbacks": graph.fallback_ops,
-            "regions": sum(isinstance(s, CppRegion) for s in sched.steps)}
+            "regions": sum(isinstance(s, CppRegion) for s in sched.steps),
+            "buffer_plan": writer.plan}
     return src, info
 
 

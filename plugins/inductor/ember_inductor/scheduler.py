@@ -9,7 +9,11 @@
   read at exactly the index where the group wrote it in the same outer iteration — so the group can
   run its outer loop in parallel. Reductions feeding consumers in the same group stay in registers;
   pointwise values consumed in the same inner loop are never stored;
-* order: the program order, with a node moved up into the earliest group it can legally join.
+* order: the program order, with a node moved up into the earliest group it can legally join;
+* storage (for the wrapper): a buffer takes over the storage of one dead at an earlier step
+  (:func:`plan_buffer_reuse`); on the Triton target a kernel also writes a result over a buffer it
+  reads and that dies with it, each element read before it is overwritten
+  (:func:`plan_in_place`).
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from .ir import Buffer, ComputedBuffer, ExternKernel, MultiOutput, Reduction, Re
 from .sizes import FloorDiv, ModularIndexing, product, rvar, sym, var
 from .virtualized import set_ops_handler
 
-__all__ = ["Scheduler", "FusedGroup", "CppRegion", "LoopBlock"]
+__all__ = ["Scheduler", "FusedGroup", "CppRegion", "LoopBlock", "plan_buffer_reuse",
+           "plan_in_place", "step_uses", "last_uses"]
 
 
 class _RecordHandler:
@@ -180,6 +185,9 @@ class Scheduler:
         # (C++ only) buffers of ``local`` written into the one buffer that reads them, at the
         # same index, before it overwrites them (a softmax's exp(x - max), then its division)
         self.row_alias: dict[str, str] = {}
+        # (Triton only, set by the target: plan_in_place) buffer -> the dead buffer its kernel
+        # reads and writes it over, element by element
+        self.in_place: dict[str, str] = {}
         self.output_names: set[str] = set()
         for o in graph.outputs:
             if isinstance(o, (Buffer, ReinterpretView)):
@@ -500,8 +508,171 @@ def _dense(layout: Any) -> bool:
     return True
 
 
+def step_uses(st: Any) -> list[str]:
+    """The buffers a schedule step reads or writes: a wrapper frees each after the last step
+    that uses it."""
+    if isinstance(st, CppRegion):
+        return list(st.reads) + list(st.writes)
+    out = list(_reads_of(st))
+    out.append(st.name)
+    return out
+
+
+def last_uses(steps: Sequence[Any]) -> dict[str, int]:
+    """Each buffer's last step (:func:`step_uses`)."""
+    last: dict[str, int] = {}
+    for i, st in enumerate(steps):
+        for n in step_uses(st):
+            last[n] = i
+    return last
+
+
+def _aliased(steps: Sequence[Any]) -> set[str]:
+    """Buffers that share storage with another name: read by an ATen op whose result aliases an
+    argument (a view), that result, and the elements of multi-output results."""
+    aliased: set[str] = set()
+    for st in steps:
+        if isinstance(st, ExternKernel) and _returns_alias(st.op):
+            aliased |= _reads_of(st)
+            aliased.add(st.name)
+        elif isinstance(st, MultiOutput):
+            aliased.add(st.name)
+    return aliased
+
+
+def _owned(steps: Sequence[Any]) -> set[str]:
+    """Buffers whose storage the graph made: a region's writes, single ATen results."""
+    owned: set[str] = set()
+    for st in steps:
+        if isinstance(st, CppRegion):
+            owned.update(st.writes)
+        elif isinstance(st, ExternKernel) and not st.multi:
+            owned.add(st.name)
+    return owned
+
+
+def _same_layout(a: Any, b: Any) -> bool:
+    """Same sizes, strides, offset 0, dtype and device (sympy-equal expressions for symbolic
+    ones)."""
+    try:
+        return (len(a.size) == len(b.size) and len(a.stride) == len(b.stride)
+                and a.dtype == b.dtype and str(a.device) == str(b.device)
+                and all(sympy.sympify(x - y) == 0 for x, y in zip(a.size, b.size))
+                and all(sympy.sympify(x - y) == 0 for x, y in zip(a.stride, b.stride))
+                and sympy.sympify(a.offset) == 0 and sympy.sympify(b.offset) == 0)
+    except (TypeError, AttributeError):
+        return False
+
+
+def plan_in_place(sched: "Scheduler", outputs: bool) -> dict[str, str]:
+    """Which buffers a kernel writes over a buffer it reads that dies with it (Triton only).
+
+    A Triton kernel (one fused group of a region at step ``i``) writing ``N`` may store into the
+    storage of a buffer ``O`` when
+    * ``O`` is a buffer the region reads whose last use is step ``i``, and which the graph made and
+      owns (a region's write, or an ATen result whose schema says it is a fresh tensor; not an
+      input, a constant, an output, a view or an alias: :func:`plan_buffer_reuse`'s rules), read
+      by no later group of the region;
+    * ``N`` fits in ``O``'s storage: the same layout (sizes, strides, offset 0, dtype, device),
+      or, with static sizes, the same dtype and device and a dense ``N`` spanning no more
+      elements than ``O`` (a 2-d product read back as 3-d activations);
+    * every load of ``O`` in the group is at exactly ``N``'s store index, in ``N``'s member, in a
+      member before it in its loop block, or in an earlier loop block over the same inner loops:
+      so each element of ``O`` is read, by the program that writes it, before ``N``'s value
+      replaces it;
+    * ``N`` is not a graph output unless ``outputs`` (the target keeps no buffers between calls:
+      a kept buffer's storage must never be returned).
+
+    The C++ target does not call this: its kernels declare their pointers ``__restrict__``.
+    Returns ``{N: O}``."""
+    graph = sched.graph
+    steps = sched.steps
+    last = last_uses(steps)
+    keep = (set(sched.output_names) | {b.name for b in graph.inputs}
+            | set(getattr(graph, "constants", {})))
+    buffers = {b.name: b for b in graph.operations}
+    aliased, owned = _aliased(steps), _owned(steps)
+    out: dict[str, str] = {}
+    for i, st in enumerate(steps):
+        if not isinstance(st, CppRegion):
+            continue
+        readers: dict[str, int] = {}  # buffer -> the last group of the region that loads it
+        for gi, g in enumerate(st.groups):
+            for m in g.members:
+                for n, _ in m.loads:
+                    if n:
+                        readers[n] = gi
+        for gi, g in enumerate(st.groups):
+            for o in st.reads:
+                if (readers.get(o) != gi or last.get(o) != i or o in keep or o in aliased
+                        or o not in owned or o not in buffers):
+                    continue
+                olay = getattr(buffers[o], "layout", None)
+                if olay is None or _overlaps(olay):
+                    continue
+                n = next((m.node.name for bn, b in enumerate(g.blocks) for m in b.members
+                          if m.node.name in st.writes and m.node.name not in out
+                          and (outputs or m.node.name not in sched.output_names)
+                          and _fits_over(m.node.layout, olay) and _in_place_ok(g, bn, m, o)),
+                         None)
+                if n is not None:
+                    out[n] = o
+    return out
+
+
+def _fits_over(new: Any, old: Any) -> bool:
+    """``new`` can be stored in ``old``'s storage: the same layout, or (static sizes) the same
+    dtype and device, offsets 0, ``new`` dense and spanning no more elements than ``old`` (a
+    product of 2-d operands, ``[8192, 3072]``, read as the activations ``[8, 1024, 3072]``).
+    Which element goes where is the loads' matter (:func:`_in_place_ok`: each is read at the
+    storage index it is overwritten at)."""
+    if _same_layout(old, new):
+        return True
+    try:
+        if (new.dtype != old.dtype or str(new.device) != str(old.device)
+                or int(sympy.sympify(old.offset)) != 0):
+            return False
+    except TypeError:
+        return False
+    n, o = _extent(new), _extent(old)
+    return _dense(new) and n is not None and o is not None and n <= o
+
+
+def _overlaps(layout: Any) -> bool:
+    """A dim of more than one element with stride 0 (elements share storage); symbolic sizes
+    and strides: only a literal 0 stride counts."""
+    for sz, st in zip(layout.size, layout.stride):
+        if sympy.sympify(st) == 0 and sympy.sympify(sz) != 1:
+            return True
+    return False
+
+
+def _in_place_ok(g: FusedGroup, bn: int, mn: Member, o: str) -> bool:
+    """Every load of ``o`` in ``g`` is at ``mn``'s store index and runs before ``mn``'s store:
+    in ``mn`` itself, in a member before it in its block ``bn``, or in an earlier block over
+    the same inner loops."""
+    for bi, b in enumerate(g.blocks):
+        before = True
+        for m in b.members:
+            for n, e in m.loads:
+                if n != o:
+                    continue
+                if bi > bn or (bi == bn and not before) or (bi < bn and b.inner != g.blocks[
+                        bn].inner):
+                    return False
+                try:
+                    if sympy.expand(sympy.sympify(e) - mn.store_index) != 0:
+                        return False
+                except TypeError:
+                    return False
+            if m is mn:
+                before = False
+    return True
+
+
 def plan_buffer_reuse(steps: Sequence[Any], buffers: dict[str, Any], last: dict[str, int],
-                      keep: set[str]) -> tuple[dict[str, str], set[str]]:
+                      keep: set[str], in_place: dict[str, str] | None = None
+                      ) -> tuple[dict[str, str], set[str]]:
     """Which buffers a wrapper can take over from dead ones instead of allocating.
 
     ``steps`` are the schedule's steps, ``last[name]`` the step of each buffer's last use,
@@ -512,16 +683,13 @@ def plan_buffer_reuse(steps: Sequence[Any], buffers: dict[str, Any], last: dict[
     (:func:`out_overload`), which the wrapper then writes through ``out=``. A buffer dead after
     step ``j`` is offered from step ``j + 1`` on, so a call never writes into its own input. A
     dead buffer is held for reuse only when a later allocation of its kind is
-    still unmatched, so nothing is kept alive that would not be reused.
+    still unmatched, so nothing is kept alive that would not be reused. ``in_place`` (from
+    :func:`plan_in_place`, ``{N: O}``): ``N`` allocates nothing, and ``O``'s storage lives on
+    as ``N``'s.
 
     Returns ``(reuse, held)``: ``reuse[new] = old`` and the names held instead of freed."""
-    aliased: set[str] = set()
-    for st in steps:
-        if isinstance(st, ExternKernel) and _returns_alias(st.op):
-            aliased |= _reads_of(st)
-            aliased.add(st.name)
-        elif isinstance(st, MultiOutput):
-            aliased.add(st.name)
+    in_place = in_place or {}
+    aliased = _aliased(steps)
 
     def key(name: str) -> Any:
         b = buffers.get(name)
@@ -536,19 +704,14 @@ def plan_buffer_reuse(steps: Sequence[Any], buffers: dict[str, Any], last: dict[
         if isinstance(st, CppRegion):
             for n in st.writes:
                 k = key(n)
-                if k is not None:
+                if k is not None and n not in in_place:
                     allocs.append((i, n, k))
         elif (isinstance(st, ExternKernel) and not st.multi and out_overload(st.op) is not None
               and "out" not in st.kwargs and _dense(st.layout)):
             k = key(st.name)
             if k is not None:
                 allocs.append((i, st.name, k))
-    reusable_origin = set()
-    for st in steps:
-        if isinstance(st, CppRegion):
-            reusable_origin.update(st.writes)
-        elif isinstance(st, ExternKernel) and not st.multi:
-            reusable_origin.add(st.name)
+    reusable_origin = _owned(steps) - set(in_place.values())
     deaths: dict[int, list[str]] = {}
     for n, j in last.items():
         if n in reusable_origin and key(n) is not None:

@@ -8,7 +8,9 @@ A target decides
 * how the scheduler's fused groups become kernels (:meth:`Target.generate`: C++ functions, one per
   region, or Triton kernels, one per fused group),
 * how the wrapper builds, loads and launches them (:meth:`Target.header` and :meth:`Target.call`),
-  and where its buffers live (:attr:`Target.device`).
+  and where its buffers live (:attr:`Target.device`);
+* whether a kernel may write a result over a dead buffer it reads (Triton: one in/out pointer,
+  scheduler.plan_in_place; C++ declares its pointers ``__restrict__``, so never there).
 
 Lowering and the scheduler are shared; tiling, vector width, block sizes and the timing of
 candidates are the code generator's (codegen/cpp.py, codegen/triton.py and the runtime each uses).
@@ -197,8 +199,14 @@ class TritonTarget(Target):
         return pad_matmuls(gm, options.get("pad_mm", "auto"))
 
     def generate(self, sched: Any, dtypes: dict[str, torch.dtype]) -> Any:
+        from ..scheduler import plan_in_place
         from .triton import generate_triton
 
+        # a kernel writes a result over a dead buffer it reads, element by element, through
+        # one in/out pointer (never one address as two parameters, which a compiler may take
+        # for distinct); on a GPU the caching allocator recycles freed blocks anyway, so only
+        # this lowers the peak
+        sched.in_place = plan_in_place(sched, outputs=not self.keeps_buffers())
         return generate_triton(sched, dtypes, device=self.device, tune=self.tune)
 
     def imports(self) -> list[str]:

@@ -318,6 +318,7 @@ class TritonOps:
         local = self.k.local_values.get(name)
         if local is not None:
             return local
+        name = self.k.read_as.get(name, name)  # a dead buffer this kernel writes over
         dtype = self.k.dtypes[name]
         self.k.use(name)
         idims = _dims_of(index, self.k.symdims)
@@ -502,7 +503,9 @@ class KernelSpec:
     names, then ``status`` if checked, then size symbols) and their Triton signature types, the
     launch-grid form (``"1d"``: cdiv(xnumel, XBLOCK); ``"2d"``: cdiv(ynumel, YBLOCK) *
     cdiv(xnumel, XBLOCK)), the default configuration (block sizes, warps) and the candidates
-    tuning may time on a GPU."""
+    tuning may time on a GPU. ``inout``: the parameters the kernel reads and then writes over
+    (a result stored in place of a dead buffer: scheduler.plan_in_place); tuning times the
+    kernel on copies of them, and a kernel with one is another kernel than one without."""
     name: str
     params: list[str]
     signature: list[str]
@@ -510,9 +513,13 @@ class KernelSpec:
     config: dict[str, int]
     candidates: list[dict[str, int]]
     checked: bool = False
+    inout: list[str] = dataclasses.field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        if not self.inout:  # (the wrappers of kernels without one stay as they were)
+            del out["inout"]
+        return out
 
 
 @dataclasses.dataclass
@@ -525,12 +532,16 @@ class TritonKernel:
     """Writes the Triton kernel of one fused group."""
 
     def __init__(self, name: str, group: FusedGroup, sched: Scheduler,
-                 dtypes: dict[str, torch.dtype], interpret: bool):
+                 dtypes: dict[str, torch.dtype], interpret: bool,
+                 in_place: dict[str, str] | None = None):
         self.name = name
         self.g = group
         self.sched = sched
         self.dtypes = dtypes
         self.interpret = interpret
+        # {N: O}: the group stores N over O, which it reads through N's parameter
+        self.in_place = dict(in_place or {})
+        self.read_as = {o: n for n, o in self.in_place.items()}
         self.raise_zero_div = True
         self.lines: list[str] = []
         self.indent = 1
@@ -698,7 +709,8 @@ class TritonKernel:
         part_spec.allocs = [(f"ws_{m.node.name}", to_py(xnumel * split), _ws_dtype(m))
                             for m in members]  # type: ignore[attr-defined]
         # the finishing kernel
-        fin = TritonKernel(self.name + "_fin", g, self.sched, self.dtypes, self.interpret)
+        fin = TritonKernel(self.name + "_fin", g, self.sched, self.dtypes, self.interpret,
+                           self.in_place)
         fin.raise_zero_div = self.raise_zero_div
         fin.static = self.static
         fin.dim_order = ["x", "r"]
@@ -1143,8 +1155,11 @@ class TritonKernel:
         comment = f"    # {desc}: outer {[to_py(s) for s in self.g.outer]}"
         if origins:
             comment += f"; from {', '.join(dict.fromkeys(origins))}"[:100]
-        src = "\n".join(["@triton.jit", head, comment[:100]] + self.lines) + "\n"
-        spec = KernelSpec(self.name, params, sig, grid, cfg, cands, self.checked)
+        inout = [n for n in self.in_place if n in self.used and n in self.written]
+        notes = [f"    # in place: {n} is written over {self.in_place[n]}, each element read "
+                 "before it is written" for n in inout]
+        src = "\n".join(["@triton.jit", head, comment[:100]] + notes + self.lines) + "\n"
+        spec = KernelSpec(self.name, params, sig, grid, cfg, cands, self.checked, inout)
         spec.numels = [to_py(n) for n in numels]  # type: ignore[attr-defined]
         return src, spec
 
@@ -1216,13 +1231,16 @@ def generate_triton(sched: Scheduler, dtypes: dict[str, torch.dtype],
                         raise NotImplementedError(
                             f"ember-inductor (Triton): {m.node.name} is computed on the CPU in "
                             f"a {device} graph (from {', '.join(m.node.data.origins[:3])})")
+    in_place = getattr(sched, "in_place", {})
     for step in sched.steps:
         if not isinstance(step, CppRegion):
             continue
         specs = []
         for gi, g in enumerate(step.groups):
             name = f"{step.name}_{gi}" if len(step.groups) > 1 else step.name
-            tk = TritonKernel(name, g, sched, dict(dtypes), interpret)
+            members = {m.node.name for m in g.members}
+            tk = TritonKernel(name, g, sched, dict(dtypes), interpret,
+                              {n: o for n, o in in_place.items() if n in members})
             tk.raise_zero_div = device == "cpu"
             split = tk.split_parts()
             made = tk.generate_split(split) if split else [tk.generate()]
@@ -1269,8 +1287,9 @@ def _canonical_kernel(src: str, spec: KernelSpec) -> str:
     if index:
         pat = re.compile(r"\b(" + "|".join(map(re.escape, index)) + r")\b")
         text = pat.sub(lambda m: index[m.group(0)], text)
+    inout = [index[p] for p in spec.inout]  # an in/out parameter: another kernel
     return text + "\0" + json.dumps([spec.signature, spec.grid, spec.config, spec.candidates,
-                                      spec.checked], sort_keys=True)
+                                      spec.checked, inout], sort_keys=True)
 
 
 # -- the wrapper's part ---------------------------------------------------------------------------

@@ -1,10 +1,13 @@
 """The wrapper: readable Python that allocates buffers, calls the compiled C++ regions through
 ctypes and the ATen kernels through ``torch.ops``, frees buffers after their last use, and returns
-the outputs. It imports only torch, ctypes and ember_inductor's runtime, so it can be stored and
+the outputs. A buffer takes over the storage of one dead at an earlier step, and on the Triton
+target a kernel writes its result over a dead buffer it reads (scheduler.plan_buffer_reuse,
+plan_in_place); :class:`BufferPlan` is that plan, and the memory it holds at each step. It imports only torch, ctypes and ember_inductor's runtime, so it can be stored and
 loaded on its own (the body of a precompiled artifact)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -12,11 +15,11 @@ import sympy
 import torch
 
 from ..ir import Buffer, ExternKernel, InputBuffer, MultiOutput, NoneValue, ReinterpretView
-from ..scheduler import (CppRegion, Scheduler, _extent, _reads_of, _returns_alias, out_overload,
-                         plan_buffer_reuse)
+from ..scheduler import (CppRegion, Scheduler, _extent, _reads_of, _returns_alias, _same_layout,
+                         out_overload, plan_buffer_reuse, step_uses)
 from ..sizes import to_py
 
-__all__ = ["generate_wrapper"]
+__all__ = ["generate_wrapper", "WrapperWriter", "BufferPlan"]
 
 # Buffers below this size are not pooled by default: malloc serves them from its heap without
 # page faults once warm, and hands a freed one's cache-hot memory to the next allocation, which a
@@ -67,23 +70,93 @@ def _tuple(xs: Any) -> str:
     return "(" + ", ".join(xs) + ("," if len(xs) == 1 else "") + ")"
 
 
-def _same_layout(a: Any, b: Any) -> bool:
-    """Same sizes, strides, offset and dtype (sympy-equal expressions for symbolic ones)."""
-    try:
-        return (len(a.size) == len(b.size) and a.dtype == b.dtype
-                and all(sympy.sympify(x - y) == 0 for x, y in zip(a.size, b.size))
-                and all(sympy.sympify(x - y) == 0 for x, y in zip(a.stride, b.stride))
-                and sympy.sympify(a.offset) == 0 and sympy.sympify(b.offset) == 0)
-    except (TypeError, AttributeError):
-        return False
-
-
 # an in-place ATen op may resize or restride a buffer (which the next call would then see), or
 # make it an alias of another tensor: a buffer any in-place op reads is not pooled
 def _in_place(op: Any) -> bool:
     name = getattr(op, "_schema", None)
     name = name.name.split("::")[-1] if name is not None else ""
     return name.endswith("_") or not name
+
+
+@dataclasses.dataclass
+class BufferPlan:
+    """What a wrapper allocates, takes over and frees: the schedule's ``steps``, each buffer's
+    ``last`` step, the names it never frees (``keep``: inputs, outputs, constants), ``reuse``
+    and ``held`` (scheduler.plan_buffer_reuse), ``in_place`` (scheduler.plan_in_place), the
+    ``pooled`` buffers, and every buffer by name (``buffers``)."""
+
+    steps: list[Any]
+    last: dict[str, int]
+    keep: set[str]
+    reuse: dict[str, str]
+    held: set[str]
+    in_place: dict[str, str]
+    pooled: set[str]
+    buffers: dict[str, Any]
+
+    def live_bytes(self) -> list[int]:
+        """Bytes of storage the wrapper holds during each step (the inputs' and constants'
+        aside): every storage from the step that makes it (a region's allocation, an ATen
+        result; a pooled buffer: the whole call) to the last step of any name that refers to it
+        (a buffer that took it over or writes it in place, a view, an element of a tuple
+        result; a returned one: the end). Symbolic sizes count at their example values."""
+        roots: dict[str, set[str]] = {}   # name -> the storages it refers to
+        start: dict[str, int] = {}
+        nbytes: dict[str, int] = {}
+        step_of: dict[str, int] = {}
+
+        def new(name: str, i: int) -> None:
+            lay = self.buffers[name].layout
+            span = lay.storage_span()
+            try:
+                n = int(span)
+            except TypeError:
+                from ..sizes import size_hint
+                n = int(size_hint(span))
+            roots[name] = {name}
+            start[name] = 0 if name in self.pooled else i
+            nbytes[name] = n * lay.dtype.itemsize
+
+        def refs(names: Any) -> set[str]:
+            return set().union(*(roots.get(n, set()) for n in names)) if names else set()
+
+        for i, st in enumerate(self.steps):
+            if isinstance(st, CppRegion):
+                for n in st.writes:
+                    taken = self.in_place.get(n) or self.reuse.get(n)
+                    if taken is not None:
+                        roots[n] = set(roots.get(taken, set()))
+                    else:
+                        new(n, i)
+                continue
+            step_of[st.name] = i
+            if isinstance(st, MultiOutput):
+                parent = st.parent
+                if _returns_alias(parent.op):
+                    roots[st.name] = set(roots.get(parent.name, set()))
+                else:  # a tuple of fresh tensors: made by the parent's step, held by it too
+                    new(st.name, step_of.get(parent.name, i))
+                    roots.setdefault(parent.name, set()).add(st.name)
+            elif st.name in self.reuse:
+                roots[st.name] = set(roots.get(self.reuse[st.name], set()))
+            elif _returns_alias(st.op):
+                roots[st.name] = refs(_reads_of(st))
+            elif st.multi:
+                roots.setdefault(st.name, set())
+            else:
+                new(st.name, i)
+        end = len(self.steps) - 1
+        stop: dict[str, int] = {r: start[r] for r in start}
+        for name, rs in roots.items():
+            j = end if name in self.keep else self.last.get(name, 0)
+            for r in rs:
+                stop[r] = max(stop[r], end if r in self.pooled else j)
+        return [sum(nbytes[r] for r in start if start[r] <= i <= stop[r])
+                for i in range(len(self.steps))]
+
+    def peak_bytes(self) -> int:
+        """The largest of :meth:`live_bytes` (0 for a wrapper without steps)."""
+        return max(self.live_bytes(), default=0)
 
 
 class WrapperWriter:
@@ -166,14 +239,18 @@ class WrapperWriter:
         # last use of every buffer, to free it early
         last: dict[str, int] = {}
         for i, st in enumerate(s.steps):
-            for n in self._uses(st):
+            for n in step_uses(st):
                 last[n] = i
         keep = set(s.output_names) | {b.name for b in g.inputs} | set(g.constants)
+        # buffers a kernel writes over a dead one it reads (Triton: scheduler.plan_in_place)
+        in_place = dict(getattr(s, "in_place", {}))
         # dead buffers whose storage a later buffer of the same dtype and extent takes over
-        reuse, held = plan_buffer_reuse(s.steps, self._by_name, last, keep)
+        reuse, held = plan_buffer_reuse(s.steps, self._by_name, last, keep, in_place)
         # internal buffers kept between calls (runtime/pool.py): index in the pool, and the
         # symbols their sizes use (the pool's key)
-        pooled, pool_syms = self._pooled(reuse)
+        pooled, pool_syms = self._pooled(reuse, in_place)
+        self.plan = BufferPlan(list(s.steps), last, keep, reuse, held, in_place, set(pooled),
+                               self._by_name)
         pool_var = "pool"
         while pool_var in arg_names or pool_var in getattr(g, "sym_bindings", {}):
             pool_var += "_"
@@ -188,6 +265,17 @@ class WrapperWriter:
                 for n in st.writes:
                     buf = self._buffer(n)
                     lay = buf.layout
+                    src = in_place.get(n)
+                    if src is not None:
+                        # the kernel reads each element of the dead buffer, then writes this
+                        # one's over it (one in/out parameter): not filled in debug mode
+                        note = f"in place: {st.name} writes {n} over {src}"
+                        if src in region_writes and _same_layout(self._buffer(src).layout, lay):
+                            body.append(f"    {n} = {src}  # {note}")
+                        else:
+                            body.append(f"    {n} = _view({src}, {_tuple(lay.size)}, "
+                                        f"{_tuple(lay.stride)}, 0)  # {note}")
+                        continue
                     old = reuse.get(n)
                     if old is not None:
                         olay = self._buffer(old).layout
@@ -348,16 +436,19 @@ class WrapperWriter:
             return None
         return self.value(x), wt.buffer.name, self.value(bias)
 
-    def _pooled(self, reuse: dict[str, str]) -> tuple[dict[str, int], list[str]]:
+    def _pooled(self, reuse: dict[str, str], in_place: dict[str, str]
+                ) -> tuple[dict[str, int], list[str]]:
         """The buffers this wrapper allocates that can be kept between calls, numbered in the
         order they are made, and the size symbols of the pool's key. A buffer is kept when no
         buffer that shares its storage (one that took it over, an ATen result that aliases it)
-        is a graph output, and no in-place ATen op reads any of them."""
+        is a graph output, and no in-place ATen op reads any of them. A buffer a kernel writes
+        in place, and the one it writes over, are not kept."""
         g, s = self.g, self.s
         if not self.options.get("buffer_pool", True) or not self.target.keeps_buffers():
             return {}, []
+        shared = set(in_place) | set(in_place.values())
         roots = [n for st in s.steps if isinstance(st, CppRegion) for n in st.writes
-                 if n not in reuse and n not in s.output_names]
+                 if n not in reuse and n not in s.output_names and n not in shared]
         if not roots:
             return {}, []
         # names whose storage may outlive the call, closed under "shares storage with"
@@ -381,7 +472,7 @@ class WrapperWriter:
                     if not shared <= escapes:
                         escapes |= shared
                         changed = True
-            for new, old in reuse.items():
+            for new, old in list(reuse.items()) + list(in_place.items()):
                 if new in escapes and old not in escapes:
                     escapes.add(old)
                     changed = True
@@ -425,12 +516,6 @@ class WrapperWriter:
             self._names.update({b.name: b for b in self.g.inputs})
         return self._names
 
-    def _uses(self, st: Any) -> list[str]:
-        if isinstance(st, CppRegion):
-            return list(st.reads) + list(st.writes)
-        out = list(_reads_of(st))
-        out.append(st.name)
-        return out
 
 
 def generate_wrapper(graph: Any, sched: Scheduler, sources: Any, key: str,

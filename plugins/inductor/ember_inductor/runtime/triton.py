@@ -18,8 +18,9 @@ choices on disk, launch without Triton's per-call dispatch.
   rename; a corrupt one is rebuilt. Nothing is pickled.
 * Tuning (GPU only): at a kernel's first launch, when no choice is cached, its candidate
   configurations (block sizes, warps), compiled ahead by the workers, are loaded and timed with
-  CUDA events on the real arguments; the fastest is kept and stored in the text store
-  (``triton-tune``), keyed like the binaries. Under the interpreter nothing is tuned.
+  CUDA events on the real arguments (on copies of a kernel's in/out parameters, which each
+  launch writes over); the fastest is kept and stored in the text store (``triton-tune``), keyed
+  like the binaries. Under the interpreter nothing is tuned.
 * ``ember.precompile``: :func:`artifact_entries` (the binaries and choices an artifact carries)
   and :func:`install_artifact` (into this machine's cache when the artifact loads).
 * Launch: a :class:`Launcher` call computes the grid from the sizes the wrapper passes and calls
@@ -194,13 +195,17 @@ _DEF = re.compile(r"def (\w+)\(([^)]*)\):")
 
 
 def _kernel_id(source: str, spec: dict[str, Any]) -> str:
-    """The kernel's canonical digest (:func:`_canonical`) with its parameters' types."""
+    """The kernel's canonical digest (:func:`_canonical`) with its parameters' types, and the
+    positions of its in/out parameters where it has any."""
     name = spec["name"]
     try:
         body = _canonical(source)[name]
     except KeyError:
         body = hashlib.sha256(f"{source}\0{name}".encode()).hexdigest()
-    return f"{body}\0{spec.get('signature')}\0{spec.get('grid')}"
+    out = f"{body}\0{spec.get('signature')}\0{spec.get('grid')}"
+    if spec.get("inout"):
+        out += f"\0inout={[spec['params'].index(p) for p in spec['inout']]}"
+    return out
 
 
 def _entry_key(source: str, spec: dict[str, Any], config: dict[str, int]) -> str:
@@ -496,6 +501,8 @@ class Launcher:
         self._check = [i for i, p in enumerate(spec["params"])
                        if spec["signature"][i].startswith("*")]
         self._ptrs = [i for i, t in enumerate(spec["signature"]) if t.startswith("*")]
+        # parameters read and then written over (codegen/triton.py KernelSpec.inout)
+        self._inout = [spec["params"].index(p) for p in spec.get("inout", ())]
         self._fast: Any = None
         self._device = 0
         self._tuned = False
@@ -649,6 +656,12 @@ class Launcher:
         base = dict(self.config)
         if any(args[i].data_ptr() & 15 for i in self._check):
             return base  # a misaligned pointer: launched through the JIT, nothing to time
+        if self._inout:
+            # each timed launch would write over what the next one reads (and the call's own
+            # launch after tuning must read the values as they were): timed on copies
+            args = list(args)
+            for i in self._inout:
+                args[i] = args[i].clone()
         configs = [dict(c) for c in cands]
         if base not in configs:
             configs.insert(0, base)
