@@ -26,15 +26,24 @@ def _in_place(src: str) -> dict[str, str]:
     return dict(_IN_PLACE.findall(src))
 
 
-def _generate(fn: Callable[..., Any], inputs: tuple[Any, ...], **options: Any) -> tuple[str, Any]:
-    from ember_inductor.compile_fx import generate_source
+def _decompositions() -> Any:
     from ember_inductor.decompositions import decompositions
 
-    # fake tensors, as in a compile: a view's metadata then carries its storage offset (a real
-    # trace's values of x[1:] are copies, so lowering would read x[1:] at offset 0)
-    gm = make_fx(fn, decomposition_table=decompositions(), tracing_mode="fake")(*inputs)
+    return decompositions()
+
+
+def _generate_gm(gm: Any, **options: Any) -> tuple[str, Any]:
+    from ember_inductor.compile_fx import generate_source
+
     src, info = generate_source(gm, key="inplace", options={"cpu_codegen": "triton", **options})
     return src, (gm, info)
+
+
+def _generate(fn: Callable[..., Any], inputs: tuple[Any, ...], **options: Any) -> tuple[str, Any]:
+    # fake tensors, as in a compile: a view's metadata then carries its storage offset (a real
+    # trace's values of x[1:] are copies, so lowering would read x[1:] at offset 0)
+    gm = make_fx(fn, decomposition_table=_decompositions(), tracing_mode="fake")(*inputs)
+    return _generate_gm(gm, **options)
 
 
 def _run(fn: Callable[..., Any], inputs: tuple[Any, ...], **options: Any) -> str:
@@ -120,6 +129,26 @@ def test_multi_output_kernel() -> None:
     k = _kernel(src, "kernel0")
     assert k.startswith("def kernel0(buf1, buf2, XBLOCK")
     assert re.findall(r"tl\.store\((\w+) \+", k) == ["buf1", "buf2"]
+
+
+def test_symbolic_sizes_through_compile() -> None:
+    """The whole path (capture, AOT, the Triton target) with every size symbolic: layouts
+    compared as expressions; three batch sizes, one compile."""
+    from triton_util import assert_same, compile_triton
+
+    def fn(x, w1, w2):
+        return torch.softmax(F.gelu(x @ w1) @ w2, -1) @ w2.t()
+
+    f = compile_triton(fn, dynamic=True)
+    torch.manual_seed(0)
+    for n in (5, 9, 17):
+        x, w1, w2 = torch.randn(n, 32), torch.randn(32, 64), torch.randn(64, 48)
+        assert_same(f(x, w1, w2), fn(x, w1, w2))
+    gm = make_fx(lambda *a: (fn(*a),), decomposition_table=_decompositions(),
+                 tracing_mode="symbolic")(x, w1, w2)
+    src, _ = _generate_gm(gm)
+    assert _in_place(src) == {"buf1": "buf0", "buf5": "buf2"}
+    assert "buf1 = _view(buf0, (s" in src  # sizes as symbols, layouts equal as expressions
 
 
 # -- what must not go in place ---------------------------------------------------------------
