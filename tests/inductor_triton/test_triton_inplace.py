@@ -1,7 +1,8 @@
 """In-place writes of the Triton target (scheduler.plan_in_place): a kernel writes its result over
 a dead buffer it reads, through one in/out parameter, when every element of that buffer is read
-at the index where the result is stored, before it is stored. Numerics under the interpreter;
-the wrapper generated for CUDA (fake CUDA tensors) and the memory its plan holds (BufferPlan)."""
+at the index where the result is stored, before it is stored. Numerics under the interpreter
+(real kernels with EMBER_TRITON_DEVICE=cuda); the wrapper generated for CUDA (fake CUDA tensors)
+and the memory its plan holds (BufferPlan)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from triton_util import DEVICE
 
-pytestmark = pytest.mark.skipif(DEVICE != "cpu", reason="reads the interpreter's wrappers")
+# the CPU target's rules (a wrapper that keeps its buffers returns none written in place)
+cpu_only = pytest.mark.skipif(DEVICE != "cpu", reason="the rules of a CPU wrapper")
 
 _IN_PLACE = re.compile(r"^    (\w+) = .*# in place: \w+ writes \1 over (\w+)$", re.M)
 
@@ -42,6 +44,7 @@ def _generate_gm(gm: Any, **options: Any) -> tuple[str, Any]:
 def _generate(fn: Callable[..., Any], inputs: tuple[Any, ...], **options: Any) -> tuple[str, Any]:
     # fake tensors, as in a compile: a view's metadata then carries its storage offset (a real
     # trace's values of x[1:] are copies, so lowering would read x[1:] at offset 0)
+    inputs = tuple(t.to(DEVICE) for t in inputs)
     gm = make_fx(fn, decomposition_table=_decompositions(), tracing_mode="fake")(*inputs)
     return _generate_gm(gm, **options)
 
@@ -50,6 +53,7 @@ def _run(fn: Callable[..., Any], inputs: tuple[Any, ...], **options: Any) -> str
     """The wrapper of ``fn`` (Triton target, interpreter), run twice and compared with eager."""
     from ember_inductor.compile_fx import load_wrapper
 
+    inputs = tuple(t.to(DEVICE) for t in inputs)
     src, (gm, _) = _generate(fn, inputs, **options)
     call = load_wrapper(src, gm, "inplace")
     want = fn(*inputs)
@@ -133,7 +137,7 @@ def test_multi_output_kernel() -> None:
 
 def test_symbolic_sizes_through_compile() -> None:
     """The whole path (capture, AOT, the Triton target) with every size symbolic: layouts
-    compared as expressions; three batch sizes, one compile."""
+    compared as expressions; three batch sizes."""
     from triton_util import assert_same, compile_triton
 
     def fn(x, w1, w2):
@@ -142,7 +146,8 @@ def test_symbolic_sizes_through_compile() -> None:
     f = compile_triton(fn, dynamic=True)
     torch.manual_seed(0)
     for n in (5, 9, 17):
-        x, w1, w2 = torch.randn(n, 32), torch.randn(32, 64), torch.randn(64, 48)
+        x, w1, w2 = (t.to(DEVICE) for t in (torch.randn(n, 32), torch.randn(32, 64),
+                                             torch.randn(64, 48)))
         assert_same(f(x, w1, w2), fn(x, w1, w2))
     gm = make_fx(lambda *a: (fn(*a),), decomposition_table=_decompositions(),
                  tracing_mode="symbolic")(x, w1, w2)
@@ -186,6 +191,7 @@ def test_not_in_place_when_read_elsewhere() -> None:
     assert list(_in_place(src).values()) == ["buf1"]
 
 
+@cpu_only
 def test_not_in_place_when_read_after_the_store() -> None:
     """Two results of one kernel from a dead product, the second returned (so never written
     in place on the CPU): the second's member reads the product after the first's store, so
@@ -220,6 +226,7 @@ def test_not_in_place_over_inputs_or_a_live_view() -> None:
     assert list(got.values()) == ["buf1"], got  # c; not x (an input), not a (viewed, returned)
 
 
+@cpu_only
 def test_outputs_not_written_in_place_on_the_cpu() -> None:
     """A wrapper that keeps buffers between calls (the CPU's) never returns a buffer written in
     place; a CUDA one may (test_cuda_* below)."""
@@ -230,6 +237,7 @@ def test_outputs_not_written_in_place_on_the_cpu() -> None:
     assert "return (buf4, buf3)" in src and "buf4 = _empty(" in src
 
 
+@cpu_only
 def test_pooled_buffers_are_not_written_in_place() -> None:
     """8 MiB products on the CPU: the wrapper pools its large buffers (runtime/pool.py), but
     not one written in place, nor the one it is written over; two calls stay right."""
