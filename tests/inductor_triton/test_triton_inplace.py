@@ -227,6 +227,24 @@ def test_not_in_place_over_inputs_or_a_live_view() -> None:
 
 
 @cpu_only
+def test_result_computed_from_what_it_overwrites() -> None:
+    """A result takes only a buffer its own statement reads: the sigmoid of b is not written
+    over a (which only the ReLU, returned, reads: another thread of the program might store
+    over an element of a before the ReLU's thread loads it), but over b."""
+    torch.manual_seed(0)
+    x, y, w = torch.randn(16, 16), torch.randn(16, 16), torch.randn(16, 16)
+
+    def fn(x, y, w):
+        a, b = x @ w, y @ w
+        r = a.relu()
+        return torch.mm(r, torch.sigmoid(b)), r
+
+    src = _run(fn, (x, y, w))
+    assert _in_place(src) == {"buf3": "buf1"}
+    assert "kernel0(256, buf0, buf2, buf3)" in src
+
+
+@cpu_only
 def test_outputs_not_written_in_place_on_the_cpu() -> None:
     """A wrapper that keeps buffers between calls (the CPU's) never returns a buffer written in
     place; a CUDA one may (test_cuda_* below)."""

@@ -576,10 +576,10 @@ def plan_in_place(sched: "Scheduler", outputs: bool) -> dict[str, str]:
     * ``N`` fits in ``O``'s storage: the same layout (sizes, strides, offset 0, dtype, device),
       or, with static sizes, the same dtype and device and a dense ``N`` spanning no more
       elements than ``O`` (a 2-d product read back as 3-d activations);
-    * every load of ``O`` in the group is at exactly ``N``'s store index, in ``N``'s member, in a
-      member before it in its loop block, or in an earlier loop block over the same inner loops:
-      so each element of ``O`` is read, by the program that writes it, before ``N``'s value
-      replaces it;
+    * ``N``'s member reads ``O``, and every load of ``O`` in the group is at exactly ``N``'s
+      store index, in ``N``'s member, in a member before it in its loop block, or in an earlier
+      loop block over the same inner loops: so each element of ``O`` is read, by the program
+      that writes it, before ``N``'s value (computed from it) replaces it;
     * ``N`` is not a graph output unless ``outputs`` (the target keeps no buffers between calls:
       a kept buffer's storage must never be returned).
 
@@ -650,7 +650,10 @@ def _overlaps(layout: Any) -> bool:
 def _in_place_ok(g: FusedGroup, bn: int, mn: Member, o: str) -> bool:
     """Every load of ``o`` in ``g`` is at ``mn``'s store index and runs before ``mn``'s store:
     in ``mn`` itself, in a member before it in its block ``bn``, or in an earlier block over
-    the same inner loops."""
+    the same inner loops; and ``mn`` itself reads ``o`` (each value it stores then depends on
+    the element it overwrites: no thread of the program stores it before that is loaded)."""
+    if not any(n == o for n, _ in mn.loads):
+        return False
     for bi, b in enumerate(g.blocks):
         before = True
         for m in b.members:
