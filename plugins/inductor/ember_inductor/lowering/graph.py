@@ -221,18 +221,30 @@ class GraphLowering:
             return value
         lay = value.layout
         if any(isinstance(s, torch.SymInt) for s in (*meta.shape, *meta.stride())):
-            return value  # symbolic: dense layouts only (realize_like_meta); int() would guard
-        try:
-            size = [int(s) for s in meta.shape]
-            want = [int(s) for s in meta.stride()]
-            have = [int(s) for s in lay.stride]
-            if [int(s) for s in lay.size] != size:
+            # symbolic sizes: compared as expressions (int() would guard). A saved activation
+            # that is a strided slice (HF ProphetNet's [4*s0, s1, 8] rows of a [4*s0, 3*s1, 8]
+            # value: stride 24*s1) was returned dense and read by the backward at 24*s1
+            size = [to_expr(s) for s in meta.shape]
+            want = [to_stride(s) for s in meta.stride()]
+            have = list(lay.stride)
+            if len(lay.size) != len(size) or not all(
+                    known_eq(a, b) for a, b in zip(lay.size, size)):
                 return value
-        except TypeError:  # symbolic: dense layouts only (realize_like_meta)
-            return value
-        if all(h == w for n, h, w in zip(size, have, want) if n != 1):
-            return value
-        key = (value.storage().name, tuple(have), str(lay.offset), tuple(want))
+            if all(known_eq(h, w) for n, h, w in zip(size, have, want) if not known_eq(n, 1)):
+                return value
+        else:
+            try:
+                size = [int(s) for s in meta.shape]
+                want = [int(s) for s in meta.stride()]
+                have = [int(s) for s in lay.stride]
+                if [int(s) for s in lay.size] != size:
+                    return value
+            except TypeError:  # a symbolic layout for a static meta: left as it is
+                return value
+            if all(h == w for n, h, w in zip(size, have, want) if n != 1):
+                return value
+        key = (value.storage().name, tuple(map(str, have)), str(lay.offset),
+               tuple(map(str, want)))
         done = self._layout_copies.get(key)
         if done is None:
             src = Pointwise(value.device, value.dtype, list(value.get_size()),
