@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
+from triton_util import DEVICE
 
 
 def _source(fn: Callable[..., Any], make_args: Callable[[str], tuple[Any, ...]], device: str) -> str:
@@ -133,3 +134,16 @@ def test_host_values_of_a_cuda_graph_run_as_aten() -> None:
         assert f"torch.ops.aten.{op}" in body, body
     copy = re.search(r"(buf\d+) = torch\.ops\.aten\._to_copy\.default\(", body)
     assert copy is not None and re.search(rf"kernel0\(128, arg0, {copy.group(1)}, ", body), body
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="CPU tensors through the Triton target")
+def test_cpu_tensors_through_triton_need_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without TRITON_INTERPRET, kernels compiled for a GPU would be handed CPU pointers (on a
+    machine with a GPU: an illegal memory access that poisons the CUDA context). The compile is
+    refused with the way out instead."""
+    from ember_inductor import compile_inductor
+
+    gm = make_fx(lambda x: (x.sin() + 1,), tracing_mode="fake")(torch.randn(4))
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        compile_inductor(gm, [torch.randn(4)], cpu_codegen="triton")

@@ -181,8 +181,13 @@ def generate_source(gm: torch.fx.GraphModule, key: str = "",
 
 
 def load_wrapper(src: str, gm: torch.fx.GraphModule, key: str) -> Callable[..., Any]:
+    import linecache
+
     ns: dict[str, Any] = {"__name__": f"ember_inductor_graph_{key[:12]}"}
-    exec(compile(src, f"<ember_inductor {key[:12]}>", "exec"), ns)
+    name = f"<ember_inductor {key[:12]}>"
+    # a traceback through the wrapper shows its generated lines (which kernel, which buffers)
+    linecache.cache[name] = (len(src), None, src.splitlines(True), name)
+    exec(compile(src, name, "exec"), ns)
     targets = [n.target for n in gm.graph.nodes if n.op == "get_attr"]
     for i, t in enumerate(targets):
         ns[f"const{i}"] = getattr(gm, t)
@@ -221,6 +226,18 @@ def _compile_inductor(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *
     # refuses a device without a target, before any work; the target's defaults for options
     # the caller did not set
     target = target_for(gm, options)
+    if target.name == "triton" and target.device == "cpu":
+        from .runtime.triton_math import interpreting
+
+        if not interpreting():
+            # compiled for a GPU, a kernel given CPU pointers reads and writes host addresses
+            # on the device: an illegal memory access that poisons the whole CUDA context
+            raise ValueError("ember-inductor: option cpu_codegen='triton' runs CPU tensors "
+                             "through Triton's interpreter and needs TRITON_INTERPRET=1 set "
+                             "before triton is first imported; without it Triton compiles the "
+                             "kernels for a GPU, which cannot read CPU memory. Set "
+                             "TRITON_INTERPRET=1, move the tensors to the GPU, or drop the "
+                             "option (the C++ target)")
     options = {**target.default_options, **options}
     if target.name == "triton":
         # how many configurations each kernel's first launch times on a GPU (runtime/triton.py)
