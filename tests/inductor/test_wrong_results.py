@@ -247,3 +247,72 @@ def test_saved_strided_slice_with_symbolic_sizes(codegen: str) -> None:
         x.grad = None
         f(x).backward()
         torch.testing.assert_close(got, x.grad)
+
+
+def _conv_scan_channels(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    # mamba2's layout: a depthwise conv's [B, C, T + 3] result, sliced back to T steps, the
+    # channels split off along the last dim of a permuted view
+    n = t.shape[1]
+    z = x[:, :, :n]
+    z = (z * z.sigmoid())[:, :, -n:]
+    y = z.permute(0, 2, 1)
+    return y.split([64, 8, 8], -1)[1].view(y.shape[0], y.shape[1], 1, 8)
+
+
+@pytest.mark.parametrize("codegen", CODEGENS)
+def test_merged_loops_with_a_symbolic_stride_times_an_offset_index(codegen: str) -> None:
+    # A load at s*(c + 64) + t: sympy keeps a symbolic product unexpanded, so coeff(c) read 0
+    # and the channel loop was merged with the broadcast loop beside it (the channel read as
+    # c = 0 for every element, or past the buffer). HF mamba2 with dynamic=True: outputs ~1e28.
+    import ember
+
+    def f(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        g = _conv_scan_channels(x, t)
+        e = g.unsqueeze(3).expand(g.shape[0], g.shape[1], 1, 8, 8)
+        return e.clone().view(g.shape[0], g.shape[1], 8, 8).sin()
+
+    cf = ember.compile(f, backend="inductor_counted", dynamic=True,
+                       options={"cpu_codegen": codegen})
+    for n in (11, 13):
+        x, t = torch.randn(2, 80, n + 3), torch.randn(2, n)
+        with ember.config.patch(suppress_errors=False):
+            got = cf(x, t)
+        torch.testing.assert_close(got, f(x, t))
+
+
+@pytest.mark.parametrize("dense_stride_of_old", [False, True])
+def test_fallback_given_a_strided_operand_with_symbolic_sizes(
+        dense_stride_of_old: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # constant_pad_nd with a symbolic pad runs as ATen's op on a value lowering stored; its
+    # metadata (and so the kernels reading its result) had the strided view's dim order, but the
+    # value was stored contiguous, and ATen returned contiguous: read at the wrong strides
+    # (mamba2's chunked scan with dynamic=True). Fixed twice: the value is stored dense in the
+    # view's order, and the wrapper checks a fallback's result strides per call (copying where
+    # they differ): the second alone is tested with the old store rule.
+    import torch.nn.functional as F
+
+    import ember
+    from ember_inductor.lowering import graph
+
+    if dense_stride_of_old:
+        def contiguous_unless_dense(size: Any, stride: Any, _orig: Any = graph.dense_stride
+                                    ) -> Any:
+            from ember_inductor.sizes import contiguous_strides
+            out = _orig(size, stride)
+            return out if list(out) == list(stride) else contiguous_strides(size)
+        monkeypatch.setattr(graph, "dense_stride", contiguous_unless_dense)
+
+    def f(x: torch.Tensor, t: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+        n = t.shape[1]
+        z = x[:, :, :n]
+        z = (z * z.sigmoid())[:, :, -n:]
+        y = z.permute(0, 2, 1)
+        a = y.split([64, 8, 8], -1)[0].view(y.shape[0], y.shape[1], 8, 8)
+        return d[:, None] * F.pad(a, (0, 0, 0, 0, 0, (4 - n % 4) % 4))
+
+    cf = ember.compile(f, backend="inductor_counted", dynamic=True)
+    for n in (11, 13):
+        x, t, d = torch.randn(2, 80, n + 3), torch.randn(2, n), torch.randn(8)
+        with ember.config.patch(suppress_errors=False):
+            got = cf(x, t, d)
+        torch.testing.assert_close(got, f(x, t, d))

@@ -381,7 +381,10 @@ class Scheduler:
 
 def _coeffs(e: Any, vs: Sequence[Any]) -> list[Any] | None:
     """Coefficients of ``e`` in the loop variables ``vs``; None unless ``e`` is affine in them."""
-    e = sympy.sympify(e)
+    # expanded first: e.coeff(v) reads only the terms of a sum, so s*(x1 + 64) (a symbolic
+    # stride times an offset index: sympy distributes only numbers) gave x1 the coefficient 0,
+    # and loops were merged that the access does not walk as one (wrong elements read)
+    e = sympy.expand(sympy.sympify(e))
     # e.coeff(v) does not see v inside a function: Min/Max (a clamp, a pooling window's size)
     # read as not depending on v, and merging loops then evaluated them at v = 0
     for atom in e.atoms(FloorDiv, ModularIndexing, sympy.Min, sympy.Max):

@@ -666,7 +666,7 @@ class CppKernel:
         if m.node.name in self.sched.local:
             return True
         try:
-            return sympy.sympify(m.store_index).coeff(xl) == 1
+            return sympy.expand(m.store_index).coeff(xl) == 1
         except Exception:
             return False
 
@@ -686,7 +686,7 @@ class CppKernel:
                     return False
                 try:
                     if (m.node.name not in self.sched.local
-                            and sympy.sympify(m.store_index).coeff(xl) != 1):
+                            and sympy.expand(m.store_index).coeff(xl) != 1):
                         return False
                 except Exception:
                     return False
@@ -697,14 +697,14 @@ class CppKernel:
                 return False
             try:
                 if (m.node.name not in self.sched.local
-                        and sympy.sympify(m.store_index).coeff(xl) != 1):
+                        and sympy.expand(m.store_index).coeff(xl) != 1):
                     return False
                 # the loads that move along the reduction: none that also moves along the outputs
                 # may be contiguous in it (one that does not, a per-row value such as a
                 # LayerNorm's mean, is a broadcast in the vector loop), and one must be
                 # contiguous along the outputs
                 # (an index read from a tensor, an embedding's row, may move along anything)
-                moving = [e for e in (sympy.sympify(e) for n, e in m.loads if n)
+                moving = [e for e in (sympy.expand(e) for n, e in m.loads if n)
                           if e.coeff(rl) != 0 or any(str(v).startswith("_ind")
                                                      for v in e.free_symbols)]
                 if any(e.coeff(rl) == 1 and e.coeff(xl) != 0 for e in moving):

@@ -889,8 +889,8 @@ class TritonKernel:
                   for i in range(len(g.outer) - 1)]
         for m in g.members:
             for e in [m.store_index] + [e for n, e in m.loads if n]:
-                e = sympy.sympify(e)
                 try:
+                    e = sympy.expand(sympy.sympify(e))  # coeff() reads a sum's terms only
                     if e.coeff(last) != 1 and any(e.coeff(o) == 1 for o in others):
                         return int(g.outer[-1]) >= 16 and int(product(g.outer[:-1])) >= 16
                 except Exception:

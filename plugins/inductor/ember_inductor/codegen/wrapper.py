@@ -343,6 +343,13 @@ class WrapperWriter:
                     x, w, bias = self._linear_args(st)
                     body.append(f"    {st.name} = torch._C._nn.linear({x}, {w}, {bias})"
                                 f"  # {st.kind}{shape} addmm as linear")
+                elif st.kind == "fallback" and not st.multi and st.layout is not None:
+                    # ATen picks a result's strides from its inputs' layouts, which lowering
+                    # may have stored otherwise than the graph's metadata says: checked per
+                    # call, and copied to the strides the kernels read it at where they differ
+                    lay = st.layout
+                    body.append(f"    {st.name} = _as_declared({call}), {_tuple(lay.size)}, "
+                                f"{_tuple(lay.stride)})  # {st.kind}{shape}")
                 else:
                     call += ")"
                     body.append(f"    {st.name} = {call}  # {st.kind}{shape}")
@@ -361,6 +368,17 @@ class WrapperWriter:
             body.append("    return _outs")
         else:
             body.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
+        if any("_as_declared(" in line for line in body):
+            head[-2:-2] = [
+                "",
+                "def _as_declared(t, size, stride):",
+                "    # an ATen result in the strides the kernels read it at (size-1 dims aside)",
+                "    if all(a == b or n == 1 for n, a, b in zip(size, t.stride(), stride)):",
+                "        return t",
+                "    return torch.empty_strided(size, stride, dtype=t.dtype, "
+                "device=t.device).copy_(t)",
+                "",
+            ]
         if pooled:
             head[pool_import:pool_import] = ["from ember_inductor.runtime.pool import BufferPool"]
             head[-2:-2] = self._pool_lines(pooled, pool_syms)

@@ -31,25 +31,33 @@ MAX_INLINE_OPS = 64
 
 
 def dense_stride(size: Sequence[Any], stride: Sequence[Any]) -> list[Any]:
-    """``stride`` if it describes a dense non-overlapping layout of ``size``, else contiguous.
-    Symbolic strides are ordered by their example values, then checked exactly."""
+    """``stride`` if it describes a dense non-overlapping layout of ``size``; else the dense
+    layout with the same order of dims (as ATen's ``empty_like`` keeps a strided view's order:
+    an ATen op given the dense copy then returns the layout the metadata describes, where a
+    contiguous copy made it return another: mamba2's padded scan with symbolic sizes read its
+    fallback's result at the wrong strides). Symbolic strides are ordered by their example
+    values, then checked exactly."""
     dims = [i for i, s in enumerate(size) if s != 1]
-    if all(isinstance(x, int) for x in list(size) + list(stride)):
-        order = sorted(dims, key=lambda i: (stride[i], -i))
-        acc = 1
-        for i in order:
-            if stride[i] != acc:
-                return contiguous_strides(size)
-            acc *= size[i]
-        # size-1 dims: any stride is equivalent; keep eager's
-        return list(stride)
-    order = sorted(dims, key=lambda i: (size_hint(stride[i]), -i))
+    static = all(isinstance(x, int) for x in list(size) + list(stride))
+    key = (lambda i: (stride[i], -i)) if static else (lambda i: (size_hint(stride[i]), -i))
+    order = sorted(dims, key=key)
     acc: Any = 1
+    dense = True
     for i in order:
-        if not known_eq(stride[i], acc):
-            return contiguous_strides(size)
+        if not (stride[i] == acc if static else known_eq(stride[i], acc)):
+            dense = False
+            break
         acc = acc * size[i]
-    return list(stride)
+    if dense:
+        return list(stride)  # size-1 dims: any stride is equivalent; eager's kept
+    if len({key(i)[0] for i in order}) < len(order):
+        return contiguous_strides(size)  # dims of equal strides (a broadcast): no order to keep
+    out = list(stride)
+    acc = 1
+    for i in order:
+        out[i] = acc
+        acc = acc * size[i]
+    return out
 
 
 def _static_strides(node: torch.fx.Node) -> list[int] | None:
@@ -89,7 +97,7 @@ def _loads_across(value: Pointwise, strides: Sequence[int] | None) -> bool:
             value.inner_fn(idx)
     except Exception:  # a body the recorder cannot run: keep eager's order
         return False
-    loads = [sympy.sympify(e) for name, e in rec.loads if name]
+    loads = [sympy.expand(sympy.sympify(e)) for name, e in rec.loads if name]
     if len(loads) < 2:
         return False
     last = idx[-1]
