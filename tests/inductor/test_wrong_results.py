@@ -316,3 +316,39 @@ def test_fallback_given_a_strided_operand_with_symbolic_sizes(
         with ember.config.patch(suppress_errors=False):
             got = cf(x, t, d)
         torch.testing.assert_close(got, f(x, t, d))
+
+
+_lib = torch.library.Library("ember_wrong_results", "DEF")
+_lib.define("column_major(Tensor x) -> Tensor")
+_lib.define("column_major_pair(Tensor x) -> (Tensor, Tensor)")
+
+
+def _column_major(x: torch.Tensor) -> torch.Tensor:
+    return (x * 2).t().contiguous().t()  # the values of x * 2, stored column-major
+
+
+_lib.impl("column_major", _column_major, "CPU")
+_lib.impl("column_major_pair", lambda x: (_column_major(x), x + 1), "CPU")
+# the metadata says row-major: an ATen op whose result strides its fake kernel does not predict
+# (as CUDA flash attention's backward, whose gradients come back packed or apart as it finds)
+_lib.impl("column_major", lambda x: torch.empty_like(x, memory_format=torch.contiguous_format),
+          "Meta")
+_lib.impl("column_major_pair", lambda x: (torch.empty_like(x), torch.empty_like(x)), "Meta")
+
+
+@pytest.mark.parametrize("codegen", CODEGENS)
+@pytest.mark.parametrize("pair", [False, True])
+def test_an_aten_result_with_other_strides_than_its_metadata(codegen: str, pair: bool) -> None:
+    # Kernels read an ATen op's result at the strides of its metadata; a result that came back
+    # otherwise was read at the wrong elements (GPT-2 training on an H100: flash attention's
+    # gradients read past their buffer, "an illegal memory access"). The wrapper checks each
+    # such result per call and copies it to the declared strides where they differ.
+    ops = torch.ops.ember_wrong_results
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        a = ops.column_major_pair(x)[0] if pair else ops.column_major(x)
+        return (a + 1).sin()
+
+    x = torch.randn(6, 5)
+    got = compile_strict(f, {"cpu_codegen": codegen})(x)
+    torch.testing.assert_close(got, f(x))

@@ -169,12 +169,13 @@ def test_gpu_rules_run_right_on_cpu_tensors(gpu_rules_on_cpu: Any, codegen: str)
 def test_cuda_rules_run_right_on_the_gpu() -> None:
     """The plan on the GPU's own rules (cuDNN's result strides, timed choice forced on), float32
     with TF32 off: inference and a training step equal eager's."""
-    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
     try:
-        _check_plan(torch.device("cuda"), {"layout_opt": True}, rtol=1e-3, atol=1e-4)
+        with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+            _check_plan(torch.device("cuda"), {"layout_opt": True}, rtol=1e-3, atol=1e-4)
     finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+        torch.backends.cuda.matmul.allow_tf32 = tf32
 
 
 def _check_plan(device: torch.device, opts: dict[str, Any], rtol: float, atol: float) -> None:

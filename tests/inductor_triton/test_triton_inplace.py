@@ -411,10 +411,16 @@ def test_cuda_conv_block_peak(monkeypatch: Any) -> None:
 
     src, after = _cuda_plan(block, make, True, monkeypatch)
     _, before = _cuda_plan(block, make, False, monkeypatch)
-    assert _in_place(src) == {"buf2": "buf0", "buf5": "buf3"}, src
-    # 49 MiB for the 256-channel activations, 12.25 MiB for the 64-channel ones
-    assert before.peak_bytes() == 98 * MiB
-    assert after.peak_bytes() == 49 * MiB + 49 * MiB // 4
+    # each batch norm epilogue over its convolution's result
+    convs = re.findall(r"(buf\d+) = (?:_as_declared\()?torch\.ops\.aten\.convolution", src)
+    assert sorted(_in_place(src).values()) == sorted(convs) and len(convs) == 2, src
+    if DEVICE == "cpu":
+        # fake CUDA without cuDNN: the plan's layout copies and contiguous results; 49 MiB for
+        # the 256-channel activations, 12.25 MiB for the 64-channel ones
+        assert before.peak_bytes() == 98 * MiB
+        assert after.peak_bytes() == 49 * MiB + 49 * MiB // 4
+    else:  # cuDNN's own result strides: no copies, one wide activation fewer
+        assert after.peak_bytes() <= before.peak_bytes() - 49 * MiB // 4
 
 
 def test_cuda_gpt2_block_peak(monkeypatch: Any) -> None:

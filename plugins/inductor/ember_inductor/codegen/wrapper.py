@@ -78,6 +78,15 @@ def _in_place(op: Any) -> bool:
     return name.endswith("_") or not name
 
 
+#: ATen ops whose result is always a fresh dense row-major tensor (no check of its strides)
+_FRESH_DENSE = {getattr(torch.ops.aten, n).default
+                for n in ("mm", "addmm", "bmm", "baddbmm", "mv", "dot")}
+try:  # oneDNN's linear (patterns.fuse_linears): a fresh row-major result too
+    _FRESH_DENSE.add(torch.ops.mkldnn._linear_pointwise.default)
+except (AttributeError, RuntimeError):  # pragma: no cover - builds without oneDNN
+    pass
+
+
 @dataclasses.dataclass
 class BufferPlan:
     """What a wrapper allocates, takes over and frees: the schedule's ``steps``, each buffer's
@@ -343,10 +352,12 @@ class WrapperWriter:
                     x, w, bias = self._linear_args(st)
                     body.append(f"    {st.name} = torch._C._nn.linear({x}, {w}, {bias})"
                                 f"  # {st.kind}{shape} addmm as linear")
-                elif st.kind == "fallback" and not st.multi and st.layout is not None:
+                elif not st.multi and st.layout is not None and st.op not in _FRESH_DENSE:
                     # ATen picks a result's strides from its inputs' layouts, which lowering
-                    # may have stored otherwise than the graph's metadata says: checked per
-                    # call, and copied to the strides the kernels read it at where they differ
+                    # may have stored otherwise than the graph's metadata says, and some
+                    # kernels by what they find at run time (flash attention's backward hands
+                    # out its gradients packed or apart): checked per call, and copied to the
+                    # strides the kernels read it at where they differ
                     lay = st.layout
                     body.append(f"    {st.name} = _as_declared({call}), {_tuple(lay.size)}, "
                                 f"{_tuple(lay.stride)})  # {st.kind}{shape}")
@@ -355,7 +366,12 @@ class WrapperWriter:
                     body.append(f"    {st.name} = {call}  # {st.kind}{shape}")
             elif isinstance(st, MultiOutput):
                 idx = "".join(f"[{p}]" for p in st.path)
-                body.append(f"    {st.name} = {st.parent.name}{idx}")
+                lay = st.layout
+                if lay is not None and getattr(st.parent, "op", None) not in _FRESH_DENSE:
+                    body.append(f"    {st.name} = _as_declared({st.parent.name}{idx}, "
+                                f"{_tuple(lay.size)}, {_tuple(lay.stride)})")
+                else:
+                    body.append(f"    {st.name} = {st.parent.name}{idx}")
             dead = [n for n, j in last.items() if j == i and n not in keep and n not in held]
             if dead:
                 body.append(f"    del {', '.join(sorted(dead))}")
