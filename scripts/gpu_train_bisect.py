@@ -68,6 +68,12 @@ except BaseException as e:
     res["error"] = f"{type(e).__name__}: {str(e)[:400]}"
     res["where"] = where
     res["tb_tail"] = "".join(traceback.format_exception(e)[-6:])[-3000:]
+    import linecache
+    for f in tb:  # the failing wrapper's whole source (its kernels included), for reading
+        if f.filename.startswith("<ember_inductor") and os.environ.get("BISECT_OUT"):
+            tag = f.filename.strip("<>").replace(" ", "_")
+            with open(os.path.join(os.environ["BISECT_OUT"], f"{name}_{variant}_{tag}.py"), "w") as fh:
+                fh.write("".join(linecache.getlines(f.filename)))
     print("RESULT " + json.dumps(res), flush=True)
     sys.exit(0)
 want = step(ref, ref)
@@ -87,7 +93,8 @@ print("RESULT " + json.dumps(res), flush=True)
 def run(model: str, variant: str, timeout: float, out: Path) -> dict:
     tmp = tempfile.mkdtemp()
     env = dict(os.environ, EMBER_ROOT=str(ROOT), EMBER_CACHE_DIR=f"{tmp}/ember",
-               TRITON_CACHE_DIR=f"{tmp}/triton", CUDA_LAUNCH_BLOCKING="1", PYTHONUNBUFFERED="1")
+               TRITON_CACHE_DIR=f"{tmp}/triton", CUDA_LAUNCH_BLOCKING="1", PYTHONUNBUFFERED="1",
+               BISECT_OUT=str(out))
     if variant == "no_tune":
         env["EMBER_TRITON_TUNE"] = "0"
     if variant == "serial":
