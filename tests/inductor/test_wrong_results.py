@@ -352,3 +352,51 @@ def test_an_aten_result_with_other_strides_than_its_metadata(codegen: str, pair:
     x = torch.randn(6, 5)
     got = compile_strict(f, {"cpu_codegen": codegen})(x)
     torch.testing.assert_close(got, f(x))
+
+
+_GUARDED_CAT = r'''
+import ctypes, mmap, sys, torch
+import ember
+
+def guarded(n):
+    """n float32 values whose storage begins right after an inaccessible page: a read before
+    the buffer faults instead of reading a neighbour's memory."""
+    page = mmap.PAGESIZE
+    mm = mmap.mmap(-1, page + ((n * 4 + page - 1) // page) * page)
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(mm))
+    assert ctypes.CDLL(None).mprotect(ctypes.c_void_p(addr), ctypes.c_size_t(page), 0) == 0
+    t = torch.frombuffer(memoryview(mm)[page:page + n * 4], dtype=torch.float32)
+    t._keep = mm
+    return t
+
+def f(a, b, c):
+    return torch.cat([a, b, c], -1).sin()
+
+a, c = torch.randn(4, 8), torch.randn(4, 8)
+b = guarded(32).view(4, 8)
+b.copy_(torch.randn(4, 8))
+with ember.config.patch(suppress_errors=False):
+    got = ember.compile(f, options={"cpu_codegen": sys.argv[1]})(a, b, c)
+torch.testing.assert_close(got, f(a, b, c))
+print("ok")
+'''
+
+
+@pytest.mark.parametrize("codegen", CODEGENS)
+def test_cat_reads_no_part_outside_its_range(codegen: str, tmp_path: Any) -> None:
+    # A middle part of a cat was read wherever the index was below its end, so below its start
+    # too (masked only by `i < end`): 768 elements before the buffer in GPT-2's q/k/v gradient
+    # cat, an illegal memory access on the GPU when that buffer began an allocator segment. The
+    # values read were discarded, so only a fault shows it: the middle part here begins right
+    # after an inaccessible page (the Triton interpreter reads memory as the GPU does: it
+    # faulted before the fix).
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, EMBER_CACHE_DIR=str(tmp_path / "cache"))
+    if codegen == "triton":
+        env["TRITON_INTERPRET"] = "1"
+    p = subprocess.run([sys.executable, "-c", _GUARDED_CAT, codegen], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and "ok" in p.stdout, (p.returncode, p.stderr[-2000:])

@@ -386,9 +386,14 @@ def cat(tensors: Sequence[Any], dim: int = 0) -> Any:
                     result = ops.masked(ge, body, 0, dt)
                 first = False
                 continue
-            cond = ops.lt(ops.index_expr(idx[d], torch.int64),
-                          size_value(s0 + parts[k].get_size()[d]))
-            result = ops.where(cond, ops.masked(cond, body, 0, dt), result)
+            i = ops.index_expr(idx[d], torch.int64)
+            cond = ops.lt(i, size_value(s0 + parts[k].get_size()[d]))
+            # the part's own reads are masked to where it lies, both ends: below its start its
+            # index is negative (a middle part of GPT-2's q/k/v gradient cat read 768 elements
+            # before its buffer: an illegal memory access on the GPU when that buffer began a
+            # segment of the allocator)
+            inside = cond if s0 == 0 else ops.logical_and(ops.ge(i, size_value(s0)), cond)
+            result = ops.where(cond, ops.masked(inside, body, 0, dt), result)
         return result
 
     if not parts:
