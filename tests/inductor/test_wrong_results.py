@@ -349,9 +349,13 @@ def test_an_aten_result_with_other_strides_than_its_metadata(codegen: str, pair:
         a = ops.column_major_pair(x)[0] if pair else ops.column_major(x)
         return (a + 1).sin()
 
+    from ember_inductor.runtime.strides import counters
+
     x = torch.randn(6, 5)
+    before = counters["restrided"]
     got = compile_strict(f, {"cpu_codegen": codegen})(x)
     torch.testing.assert_close(got, f(x))
+    assert counters["restrided"] > before  # the check saw the other strides and copied
 
 
 _GUARDED_CAT = r'''

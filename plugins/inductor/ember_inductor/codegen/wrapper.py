@@ -385,16 +385,9 @@ class WrapperWriter:
         else:
             body.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
         if any("_as_declared(" in line for line in body):
-            head[-2:-2] = [
-                "",
-                "def _as_declared(t, size, stride):",
-                "    # an ATen result in the strides the kernels read it at (size-1 dims aside)",
-                "    if all(a == b or n == 1 for n, a, b in zip(size, t.stride(), stride)):",
-                "        return t",
-                "    return torch.empty_strided(size, stride, dtype=t.dtype, "
-                "device=t.device).copy_(t)",
-                "",
-            ]
+            # an ATen result in the strides the kernels read it at (runtime/strides.py)
+            head[pool_import:pool_import] = [
+                "from ember_inductor.runtime.strides import as_declared as _as_declared"]
         if pooled:
             head[pool_import:pool_import] = ["from ember_inductor.runtime.pool import BufferPool"]
             head[-2:-2] = self._pool_lines(pooled, pool_syms)
