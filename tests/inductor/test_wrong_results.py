@@ -330,7 +330,6 @@ def _column_major(x: torch.Tensor) -> torch.Tensor:
 _lib.impl("column_major", _column_major, "CPU")
 _lib.impl("column_major_pair", lambda x: (_column_major(x), x + 1), "CPU")
 # the metadata says row-major: an ATen op whose result strides its fake kernel does not predict
-# (as CUDA flash attention's backward, whose gradients come back packed or apart as it finds)
 _lib.impl("column_major", lambda x: torch.empty_like(x, memory_format=torch.contiguous_format),
           "Meta")
 _lib.impl("column_major_pair", lambda x: (torch.empty_like(x), torch.empty_like(x)), "Meta")
@@ -340,9 +339,10 @@ _lib.impl("column_major_pair", lambda x: (torch.empty_like(x), torch.empty_like(
 @pytest.mark.parametrize("pair", [False, True])
 def test_an_aten_result_with_other_strides_than_its_metadata(codegen: str, pair: bool) -> None:
     # Kernels read an ATen op's result at the strides of its metadata; a result that came back
-    # otherwise was read at the wrong elements (GPT-2 training on an H100: flash attention's
-    # gradients read past their buffer, "an illegal memory access"). The wrapper checks each
-    # such result per call and copies it to the declared strides where they differ.
+    # otherwise was read at the wrong elements (suspected first for GPT-2's training crash on an
+    # H100, whose cause was the cat's read below a part's start; a fallback given a value stored
+    # otherwise than its metadata is a real case: mamba2). The wrapper checks each such result
+    # per call and copies it to the declared strides where they differ.
     ops = torch.ops.ember_wrong_results
 
     def f(x: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,7 @@ import torch
 
 from ..ir import Buffer, ExternKernel, InputBuffer, MultiOutput, NoneValue, ReinterpretView
 from ..scheduler import (CppRegion, Scheduler, _extent, _reads_of, _returns_alias, _same_layout,
-                         out_overload, plan_buffer_reuse, step_uses)
+                         last_uses, out_overload, plan_buffer_reuse)
 from ..sizes import to_py
 
 __all__ = ["generate_wrapper", "WrapperWriter", "BufferPlan"]
@@ -246,10 +246,8 @@ class WrapperWriter:
         if debug:
             body.extend(self._debug_input_checks(arg_names, gkey))
         # last use of every buffer, to free it early
-        last: dict[str, int] = {}
-        for i, st in enumerate(s.steps):
-            for n in step_uses(st):
-                last[n] = i
+        last = last_uses(s.steps)
+        declared = False  # an ATen result checked against its declared strides (_as_declared)
         keep = set(s.output_names) | {b.name for b in g.inputs} | set(g.constants)
         # buffers a kernel writes over a dead one it reads (Triton: scheduler.plan_in_place)
         in_place = dict(getattr(s, "in_place", {}))
@@ -354,11 +352,11 @@ class WrapperWriter:
                                 f"  # {st.kind}{shape} addmm as linear")
                 elif not st.multi and st.layout is not None and st.op not in _FRESH_DENSE:
                     # ATen picks a result's strides from its inputs' layouts, which lowering
-                    # may have stored otherwise than the graph's metadata says, and some
-                    # kernels by what they find at run time (flash attention's backward hands
-                    # out its gradients packed or apart): checked per call, and copied to the
-                    # strides the kernels read it at where they differ
+                    # may have stored otherwise than the graph's metadata says, and a fake
+                    # kernel may predict other strides than the real one: checked per call,
+                    # and copied to the strides the kernels read it at where they differ
                     lay = st.layout
+                    declared = True
                     body.append(f"    {st.name} = _as_declared({call}), {_tuple(lay.size)}, "
                                 f"{_tuple(lay.stride)})  # {st.kind}{shape}")
                 else:
@@ -368,6 +366,7 @@ class WrapperWriter:
                 idx = "".join(f"[{p}]" for p in st.path)
                 lay = st.layout
                 if lay is not None and getattr(st.parent, "op", None) not in _FRESH_DENSE:
+                    declared = True
                     body.append(f"    {st.name} = _as_declared({st.parent.name}{idx}, "
                                 f"{_tuple(lay.size)}, {_tuple(lay.stride)})")
                 else:
@@ -384,7 +383,7 @@ class WrapperWriter:
             body.append("    return _outs")
         else:
             body.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
-        if any("_as_declared(" in line for line in body):
+        if declared:
             # an ATen result in the strides the kernels read it at (runtime/strides.py)
             head[pool_import:pool_import] = [
                 "from ember_inductor.runtime.strides import as_declared as _as_declared"]
