@@ -41,6 +41,7 @@ def main() -> None:
     ap.add_argument("--out", default=".")
     ap.add_argument("--top", type=int, default=25)
     args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
     import copy
 
     import ember
