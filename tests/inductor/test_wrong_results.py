@@ -404,3 +404,18 @@ def test_cat_reads_no_part_outside_its_range(codegen: str, tmp_path: Any) -> Non
     p = subprocess.run([sys.executable, "-c", _GUARDED_CAT, codegen], env=env,
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and "ok" in p.stdout, (p.returncode, p.stderr[-2000:])
+
+
+def test_dense_stride_gives_a_broadcast_dim_no_place_in_the_order() -> None:
+    # A value whose metadata has a broadcast dim (stride 0) stored densely for an ATen op: the
+    # stored layout put the stride-0 dim innermost (an expanded mask (b, h, q, k) with strides
+    # (q*k, 0, k, 1) stored with h innermost; CUDA's efficient attention refuses such a bias:
+    # "last dimension must be contiguous"). It keeps its place in the contiguous order.
+    from ember_inductor.lowering.graph import dense_stride
+
+    assert dense_stride([2, 4, 8, 8], [64, 0, 8, 1]) == [256, 64, 8, 1]
+    got = dense_stride([2, 1, 8, 8], [8, 8, 0, 1])
+    assert [got[0], got[2], got[3]] == [64, 8, 1]  # (a size-1 dim's stride is any)
+    assert dense_stride([2, 8, 4], [1, 0, 2]) == [1, 2, 16]  # the other dims keep their order
+    assert dense_stride([4, 3, 5], [1, 20, 4]) == [1, 20, 4]  # dense: kept
+    assert dense_stride([4, 3, 5], [1, 40, 8]) == [1, 20, 4]  # strided: dense in its order

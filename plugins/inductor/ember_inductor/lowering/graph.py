@@ -35,8 +35,11 @@ def dense_stride(size: Sequence[Any], stride: Sequence[Any]) -> list[Any]:
     layout with the same order of dims (as ATen's ``empty_like`` keeps a strided view's order:
     an ATen op given the dense copy then returns the layout the metadata describes, where a
     contiguous copy made it return another: mamba2's padded scan with symbolic sizes read its
-    fallback's result at the wrong strides). Symbolic strides are ordered by their example
-    values, then checked exactly."""
+    fallback's result at the wrong strides). A broadcast dim (stride 0) has no place in that
+    order: it keeps its place in the contiguous order and the other dims fill the remaining
+    places by stride (an expanded mask (b, 1, q, k) with strides (k, k, 0, 1) is stored
+    contiguous, its last dim innermost, as attention kernels require of a bias). Symbolic
+    strides are ordered by their example values, then checked exactly."""
     dims = [i for i, s in enumerate(size) if s != 1]
     static = all(isinstance(x, int) for x in list(size) + list(stride))
     key = (lambda i: (stride[i], -i)) if static else (lambda i: (size_hint(stride[i]), -i))
@@ -50,8 +53,12 @@ def dense_stride(size: Sequence[Any], stride: Sequence[Any]) -> list[Any]:
         acc = acc * size[i]
     if dense:
         return list(stride)  # size-1 dims: any stride is equivalent; eager's kept
-    if len({key(i)[0] for i in order}) < len(order):
-        return contiguous_strides(size)  # dims of equal strides (a broadcast): no order to keep
+    ordered = [i for i in order if key(i)[0] != 0]  # innermost first, broadcast dims left out
+    if len({key(i)[0] for i in ordered}) < len(ordered):
+        return contiguous_strides(size)  # dims of equal strides (overlapping): no order to keep
+    places = [i for i in reversed(dims) if key(i)[0] != 0]  # their places, innermost first
+    fill = iter(ordered)
+    order = [next(fill) if i in places else i for i in reversed(dims)]
     out = list(stride)
     acc = 1
     for i in order:
