@@ -520,4 +520,7 @@ def aot_compile(gm: torch.fx.GraphModule, example_inputs: list[Any], *, backend:
     is passed on, with ``kind`` "inference", "forward" or "backward" and the ATen graph's inputs,
     to backends whose compile accepts ``context=``.
     """
+    from .masks import drop_constant_masks
+
+    drop_constant_masks(gm)  # exact: attention masks that mask nothing (masks.py)
     return AOTCompiled(gm, example_inputs, backend, dict(options or {}), context)

@@ -1,0 +1,176 @@
+"""Attention masks that mask nothing, dropped before AOT autograd traces the graph.
+
+A model written for ``F.scaled_dot_product_attention`` often builds its mask from positions
+alone. Hugging Face's masking utilities do so whenever they run under a compiler: in eager they
+look at the padding mask's values and pass no mask when nothing is padded, but under
+``torch.compiler.is_compiling()`` they cannot branch on values and pass a materialized mask, for
+an encoder without padding ``(arange(q)[None, None, :, None] >= 0).expand(b, 1, q, k)``: all
+True. ATen picks the attention kernel from the arguments, and such a mask costs much more than
+its reading: on an H100 (bf16 autocast, BERT-base 16x512) eager ran cuDNN's flash attention,
+while the traced graph with the mask (its last dim broadcast, stride 0, which the fused kernels
+refuse) ran the math fallback, two float32 batched matrix multiplies and a softmax: BERT-base
+inference 0.70x eager for Ember and 0.72x for torch.compile.
+
+:func:`drop_constant_masks` evaluates a mask that depends on no graph input (only on constants:
+``arange``/``ones``/``full`` of static sizes, comparisons, views) once at compile time, and
+removes it where it changes nothing: a boolean mask that is all True, a float mask that is all
+zero (``x + 0.0`` is ``x`` for every score; ``-0.0`` becomes ``+0.0``, which ``exp`` cannot
+tell apart). The rewrite is exact. A mask computed from an input, from random or uninitialized
+values, from a parameter or buffer (their values may change between calls), or larger than
+:data:`MAX_ELEMENTS` before broadcasting, is left alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+from typing import Any
+
+import torch
+import torch.fx
+import torch.nn.functional as F
+
+__all__ = ["drop_constant_masks", "MAX_ELEMENTS"]
+
+log = logging.getLogger("ember.aot")
+
+#: the largest mask evaluated at compile time (elements of the tensors computed for it)
+MAX_ELEMENTS = 1 << 24
+
+_SDPA = {F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention,
+         torch.ops.aten.scaled_dot_product_attention.default}
+#: callables whose result is not a function of their arguments, or that change state: names
+#: containing one of these, starting with one of the prefixes, or equal to one of the names
+_IMPURE_PARTS = ("rand", "bernoulli", "dropout", "normal", "multinomial", "poisson",
+                 "exponential", "uniform", "cauchy", "geometric", "empty", "seed", "grad",
+                 "backward", "synchronize", "record")
+_IMPURE_PREFIXES = ("set_", "_set")
+_IMPURE_NAMES = {"item", "tolist", "numpy", "data_ptr", "print"}
+_INPLACE_OPERATORS = {"iadd", "iand", "iconcat", "ifloordiv", "ilshift", "imatmul", "imod",
+                      "imul", "ior", "ipow", "irshift", "isub", "itruediv", "ixor"}
+
+
+def _name(target: Any) -> str:
+    return target if isinstance(target, str) else getattr(target, "__name__", repr(target))
+
+
+def _pure(n: torch.fx.Node) -> bool:
+    if n.op not in ("call_function", "call_method"):
+        return False
+    name = _name(n.target)
+    if name.endswith("_") and not name.endswith("__"):
+        return False  # an in-place op
+    if n.op == "call_function" and getattr(n.target, "__module__", "") in ("_operator", "operator") \
+            and (name in _INPLACE_OPERATORS or name in ("setitem", "delitem")):
+        return False
+    if n.op == "call_function" and not (
+            getattr(n.target, "__module__", "") in ("_operator", "operator")
+            or (getattr(n.target, "__module__", None) or "").startswith("torch")
+            or n.target in (getattr,)):
+        return False  # a Python function the capture kept: it may do anything
+    if "out" in n.kwargs:
+        return False
+    return not (any(p in name for p in _IMPURE_PARTS) or name.startswith(_IMPURE_PREFIXES)
+                or name in _IMPURE_NAMES)
+
+
+def _constant_value(root: torch.fx.Node) -> Any:
+    """The value of ``root`` when it depends on constants only (evaluated here), else None."""
+    order: list[torch.fx.Node] = []
+    seen: set[torch.fx.Node] = set()
+    stack = [root]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if not _pure(n):
+            return None
+        order.append(n)
+        stack.extend(n.all_input_nodes)
+    env: dict[torch.fx.Node, Any] = {}
+    for n in sorted(order, key=lambda x: _position(x)):
+        args = torch.fx.node.map_arg(n.args, env.__getitem__)
+        kwargs = torch.fx.node.map_arg(n.kwargs, env.__getitem__)
+        try:
+            with torch.no_grad():
+                if n.op == "call_method":
+                    v = getattr(args[0], n.target)(*args[1:], **kwargs)
+                else:
+                    v = n.target(*args, **kwargs)
+        except Exception:  # noqa: BLE001 - not evaluable here: leave the mask alone
+            return None
+        if isinstance(v, torch.Tensor) and (v.layout != torch.strided
+                                            or v.untyped_storage().nbytes()
+                                            > MAX_ELEMENTS * 8):
+            return None
+        env[n] = v
+    return env[root]
+
+
+_POSITIONS: dict[int, dict[torch.fx.Node, int]] = {}
+
+
+def _position(n: torch.fx.Node) -> int:
+    graph = n.graph
+    pos = _POSITIONS.get(id(graph))
+    if pos is None or n not in pos:
+        pos = {m: i for i, m in enumerate(graph.nodes)}
+        _POSITIONS[id(graph)] = pos
+    return pos[n]
+
+
+def _masks_nothing(v: Any) -> bool:
+    if not isinstance(v, torch.Tensor):
+        return False
+    if v.dtype == torch.bool:
+        return bool(v.all())
+    if v.is_floating_point():
+        return not bool(v.any())  # all zero (either sign)
+    return False
+
+
+def drop_constant_masks(gm: torch.fx.GraphModule) -> int:
+    """Remove the ``attn_mask`` of every attention call whose mask is a compile-time constant
+    that masks nothing (see the module's docstring); returns how many were removed."""
+    dropped = 0
+    for n in list(gm.graph.nodes):
+        if n.op != "call_function" or n.target not in _SDPA:
+            continue
+        if "attn_mask" in n.kwargs:
+            mask, where = n.kwargs["attn_mask"], "kw"
+        elif len(n.args) > 3:
+            mask, where = n.args[3], "arg"
+        else:
+            continue
+        if not isinstance(mask, torch.fx.Node):
+            continue
+        try:
+            value = _constant_value(mask)
+        finally:
+            _POSITIONS.clear()
+        if not _masks_nothing(value):
+            continue
+        if where == "kw":
+            n.kwargs = {**n.kwargs, "attn_mask": None}
+        else:
+            n.args = (*n.args[:3], None, *n.args[4:])
+        dropped += 1
+        log.debug("ember: attention %s: its mask %s masks nothing (a constant); dropped",
+                  n.name, mask.name)
+        _erase_unused(mask)
+    if dropped:
+        gm.recompile()
+    return dropped
+
+
+def _erase_unused(root: torch.fx.Node) -> None:
+    """Erase ``root`` and its (pure, checked) inputs that nothing else uses any more."""
+    stack = [root]
+    while stack:
+        n = stack.pop()
+        if n.users or n.op not in ("call_function", "call_method"):
+            continue
+        inputs = n.all_input_nodes
+        n.graph.erase_node(n)
+        stack.extend(inputs)

@@ -1,0 +1,105 @@
+"""Attention masks that mask nothing are dropped before tracing (core/ember/aot/masks.py): the
+rewrite is exact, and applies only to masks computed from constants."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.fx
+import torch.nn.functional as F
+
+import ember
+from ember.aot.masks import drop_constant_masks
+
+B, H, T, D = 2, 3, 8, 4
+
+
+def _hf_bidirectional(q: torch.Tensor) -> torch.Tensor:
+    # transformers' sdpa_mask under a compiler, for an encoder without padding
+    return (torch.arange(T)[None, None, :, None] >= 0).expand(B, -1, T, T)
+
+
+def _zeros_float(q: torch.Tensor) -> torch.Tensor:
+    return torch.zeros(T, T).expand(B, 1, -1, -1)
+
+
+def _causal(q: torch.Tensor) -> torch.Tensor:
+    return torch.arange(T)[None, :] <= torch.arange(T)[:, None]
+
+
+def _from_input(q: torch.Tensor) -> torch.Tensor:
+    return (q[:, :1, :, :1] > -100).expand(-1, -1, -1, T)  # all True, but not known early
+
+
+def _random(q: torch.Tensor) -> torch.Tensor:
+    return torch.rand(T, T) >= 0  # all True, but random ops never run at compile time
+
+
+def _uninitialized(q: torch.Tensor) -> torch.Tensor:
+    return torch.empty(T, T).fill_(0.0)  # never evaluated: empty and an in-place fill
+
+
+def _qkv() -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(B, H, T, D, generator=g) for _ in range(3)]
+
+
+def _sdpa(mask_fn: Any) -> Any:
+    def f(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask_fn(q), scale=0.25)
+    return f
+
+
+@pytest.mark.parametrize("mask_fn,dropped", [
+    (_hf_bidirectional, True), (_zeros_float, True), (_causal, False), (_from_input, False),
+    (_random, False), (_uninitialized, False)])
+def test_masks_that_mask_nothing_are_dropped_and_only_those(mask_fn: Any, dropped: bool) -> None:
+    f = _sdpa(mask_fn)
+    q, k, v = _qkv()
+    gm = _captured(f, q, k, v)  # the torch-level graph capture hands to AOT autograd
+    assert drop_constant_masks(gm) == int(dropped)
+    masks = [n.kwargs.get("attn_mask") for n in gm.graph.nodes
+             if n.op == "call_function" and "scaled_dot_product_attention" in str(n.target)]
+    assert (masks == [None]) == dropped, gm.code
+    if mask_fn is not _random:
+        torch.testing.assert_close(gm(q, k, v)[0], f(q, k, v), rtol=0, atol=0)
+    if dropped:  # the mask's computation is gone from the graph
+        assert not any(n.op not in ("placeholder", "output")
+                       and "scaled_dot_product_attention" not in str(n.target)
+                       for n in gm.graph.nodes), gm.code
+
+
+def _captured(f: Any, *args: torch.Tensor) -> torch.fx.GraphModule:
+    seen: list[torch.fx.GraphModule] = []
+
+    def record(gm: torch.fx.GraphModule, example: Any, **kw: Any) -> Any:
+        seen.append(gm)
+        return gm
+
+    ember.register_backend("masks_torch_level", record, level="torch")
+    ember.compile(f, backend="masks_torch_level")(*args)
+    assert len(seen) == 1
+    return seen[0]
+
+
+def test_a_captured_encoder_attention_runs_without_its_all_true_mask() -> None:
+    """Through ember.compile: the ATen graph's attention has no mask; results equal eager's."""
+    seen: list[torch.fx.GraphModule] = []
+
+    def record(gm: torch.fx.GraphModule, example: Any, **kw: Any) -> Any:
+        seen.append(gm)
+        return gm
+
+    ember.register_backend("masks_recording", record, level="aten")
+    f = _sdpa(_hf_bidirectional)
+    q, k, v = _qkv()
+    got = ember.compile(f, backend="masks_recording")(q, k, v)
+    torch.testing.assert_close(got, f(q, k, v))
+    assert seen
+    for gm in seen:
+        for n in gm.graph.nodes:
+            if n.op == "call_function" and "attention" in str(n.target):
+                assert n.kwargs.get("attn_mask") is None and (len(n.args) <= 3 or
+                                                              n.args[3] is None), gm.code
