@@ -41,6 +41,29 @@ def _uninitialized(q: torch.Tensor) -> torch.Tensor:
     return torch.empty(T, T).fill_(0.0)  # never evaluated: empty and an in-place fill
 
 
+def _causal_float(q: torch.Tensor) -> torch.Tensor:
+    keep = torch.arange(T)[None, :] <= torch.arange(T)[:, None]
+    return torch.zeros(T, T).masked_fill(~keep, float("-inf"))
+
+
+def _gpt2_like(q: torch.Tensor) -> torch.Tensor:
+    # transformers' causal sdpa_mask under a compiler: positions compared, batch-expanded
+    pos = torch.arange(T).unsqueeze(0).expand(B, -1)
+    b = torch.arange(B)[:, None, None, None]
+    qi, ki = torch.arange(T)[None, None, :, None], torch.arange(T)[None, None, None, :]
+    return (pos[b, ki] <= pos[b, qi]).expand(B, -1, T, T)
+
+
+def _causal_bottom_right(q: torch.Tensor) -> torch.Tensor:
+    # a causal mask aligned to the bottom right (queries after a prefix): not SDPA's is_causal
+    return torch.arange(T)[None, :] <= torch.arange(T)[:, None] + 1
+
+
+def _causal_float_min(q: torch.Tensor) -> torch.Tensor:
+    keep = torch.arange(T)[None, :] <= torch.arange(T)[:, None]
+    return torch.zeros(T, T).masked_fill(~keep, torch.finfo(torch.float32).min)
+
+
 def _qkv() -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(0)
     return [torch.randn(B, H, T, D, generator=g) for _ in range(3)]
@@ -53,18 +76,24 @@ def _sdpa(mask_fn: Any) -> Any:
 
 
 @pytest.mark.parametrize("mask_fn,dropped", [
-    (_hf_bidirectional, True), (_zeros_float, True), (_causal, False), (_from_input, False),
-    (_random, False), (_uninitialized, False)])
-def test_masks_that_mask_nothing_are_dropped_and_only_those(mask_fn: Any, dropped: bool) -> None:
+    (_hf_bidirectional, "none"), (_zeros_float, "none"), (_causal, "causal"),
+    (_causal_float, "causal"), (_gpt2_like, "causal"), (_causal_bottom_right, None),
+    (_causal_float_min, None), (_from_input, None), (_random, None),
+    (_uninitialized, None)])
+def test_masks_that_mask_nothing_are_dropped_and_only_those(mask_fn: Any, dropped: Any) -> None:
     f = _sdpa(mask_fn)
     q, k, v = _qkv()
     gm = _captured(f, q, k, v)  # the torch-level graph capture hands to AOT autograd
-    assert drop_constant_masks(gm) == int(dropped)
-    masks = [n.kwargs.get("attn_mask") for n in gm.graph.nodes
-             if n.op == "call_function" and "scaled_dot_product_attention" in str(n.target)]
-    assert (masks == [None]) == dropped, gm.code
+    assert drop_constant_masks(gm) == int(dropped is not None)
+    sdpa = [n for n in gm.graph.nodes
+            if n.op == "call_function" and "scaled_dot_product_attention" in str(n.target)]
+    assert len(sdpa) == 1
+    assert (sdpa[0].kwargs.get("attn_mask") is None) == (dropped is not None), gm.code
+    assert sdpa[0].kwargs.get("is_causal", False) == (dropped == "causal"), gm.code
     if mask_fn is not _random:
-        torch.testing.assert_close(gm(q, k, v)[0], f(q, k, v), rtol=0, atol=0)
+        # exact but for the causal kernel's summation order
+        tol = 0 if dropped != "causal" else 1e-6
+        torch.testing.assert_close(gm(q, k, v)[0], f(q, k, v), rtol=tol, atol=tol)
     if dropped:  # the mask's computation is gone from the graph
         assert not any(n.op not in ("placeholder", "output")
                        and "scaled_dot_product_attention" not in str(n.target)
@@ -103,3 +132,14 @@ def test_a_captured_encoder_attention_runs_without_its_all_true_mask() -> None:
             if n.op == "call_function" and "attention" in str(n.target):
                 assert n.kwargs.get("attn_mask") is None and (len(n.args) <= 3 or
                                                               n.args[3] is None), gm.code
+
+
+def test_a_mask_that_would_broadcast_the_result_is_kept() -> None:
+    from ember.aot.masks import _kind
+
+    q = (B, H, T, D)
+    assert _kind(torch.ones(B, H, T, T, dtype=torch.bool), q, q) == "none"
+    assert _kind(torch.ones(5, B, H, T, T, dtype=torch.bool), q, q) is None
+    assert _kind(torch.ones(3, 1, T, T, dtype=torch.bool), q, q) is None  # 3 batches, not 2
+    assert _kind(torch.ones(T, T, dtype=torch.bool).tril(), q, q) == "causal"
+    assert _kind(torch.ones(T, T, dtype=torch.bool).tril(), q, (B, H, T + 1, D)) is None

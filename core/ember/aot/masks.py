@@ -15,7 +15,11 @@ inference 0.70x eager for Ember and 0.72x for torch.compile.
 ``arange``/``ones``/``full`` of static sizes, comparisons, views) once at compile time, and
 removes it where it changes nothing: a boolean mask that is all True, a float mask that is all
 zero (``x + 0.0`` is ``x`` for every score; ``-0.0`` becomes ``+0.0``, which ``exp`` cannot
-tell apart). The rewrite is exact. A mask computed from an input, from random or uninitialized
+tell apart), and replaces one that is exactly SDPA's causal mask (the lower triangle of the
+``[L, S]`` scores, top-left aligned, over every batch and head; boolean, or 0/-inf) by
+``is_causal=True``: a decoder's mask under a compiler (GPT-2's, built from positions) then runs
+the causal flash kernels, which skip the masked half, instead of a kernel reading a bias. The
+rewrite is exact. A mask computed from an input, from random or uninitialized
 values, from a parameter or buffer (their values may change between calls), or larger than
 :data:`MAX_ELEMENTS` before broadcasting, is left alone.
 """
@@ -58,11 +62,12 @@ def _pure(n: torch.fx.Node) -> bool:
     if n.op not in ("call_function", "call_method"):
         return False
     name = _name(n.target)
-    if name.endswith("_") and not name.endswith("__"):
+    operator_module = getattr(n.target, "__module__", "") in ("_operator", "operator")
+    if operator_module:
+        if name in _INPLACE_OPERATORS or name in ("setitem", "delitem"):
+            return False  # (operator.and_ and or_ are not in place)
+    elif name.endswith("_") and not name.endswith("__"):
         return False  # an in-place op
-    if n.op == "call_function" and getattr(n.target, "__module__", "") in ("_operator", "operator") \
-            and (name in _INPLACE_OPERATORS or name in ("setitem", "delitem")):
-        return False
     if n.op == "call_function" and not (
             getattr(n.target, "__module__", "") in ("_operator", "operator")
             or (getattr(n.target, "__module__", None) or "").startswith("torch")
@@ -120,19 +125,46 @@ def _position(n: torch.fx.Node) -> int:
     return pos[n]
 
 
-def _masks_nothing(v: Any) -> bool:
-    if not isinstance(v, torch.Tensor):
-        return False
+def _shape(n: Any) -> tuple[int, ...] | None:
+    v = n.meta.get("example_value", n.meta.get("val")) if isinstance(n, torch.fx.Node) else None
+    if isinstance(v, torch.Tensor) and all(isinstance(d, int) for d in v.shape):
+        return tuple(v.shape)
+    return None
+
+
+def _kind(v: Any, q: tuple[int, ...] | None, k: tuple[int, ...] | None) -> str | None:
+    """"none" for a mask that masks nothing, "causal" for exactly SDPA's ``is_causal`` mask
+    (top-left aligned lower triangle of the [L, S] scores, over every batch and head), else
+    None."""
+    if not isinstance(v, torch.Tensor) or v.dim() < 2 or q is None or k is None:
+        return None
+    if v.dim() > len(q) or any(m not in (1, d) for m, d in zip(v.shape[-3::-1],
+                                                               q[-3::-1])):
+        return None  # the mask would broadcast the result to more dims: keep it
     if v.dtype == torch.bool:
-        return bool(v.all())
-    if v.is_floating_point():
-        return not bool(v.any())  # all zero (either sign)
-    return False
+        if bool(v.all()):
+            return "none"
+        keep = v
+    elif v.is_floating_point():
+        if not bool(v.any()):
+            return "none"  # all zero (either sign): x + 0.0 leaves every score's softmax as is
+        finite = torch.isfinite(v)
+        if bool((v[finite] != 0).any()) or bool((v[~finite] != float("-inf")).any()):
+            return None
+        keep = finite  # 0 where kept, -inf where masked: exactly a boolean mask
+    else:
+        return None
+    L, S = q[-2], k[-2]
+    if tuple(keep.shape[-2:]) != (L, S):
+        return None
+    causal = torch.ones(L, S, dtype=torch.bool, device=keep.device).tril()
+    return "causal" if bool((keep == causal).all()) else None
 
 
 def drop_constant_masks(gm: torch.fx.GraphModule) -> int:
     """Remove the ``attn_mask`` of every attention call whose mask is a compile-time constant
-    that masks nothing (see the module's docstring); returns how many were removed."""
+    that masks nothing, and replace one that is exactly the causal mask by ``is_causal=True``
+    (see the module's docstring); returns how many masks were removed."""
     dropped = 0
     for n in list(gm.graph.nodes):
         if n.op != "call_function" or n.target not in _SDPA:
@@ -149,15 +181,25 @@ def drop_constant_masks(gm: torch.fx.GraphModule) -> int:
             value = _constant_value(mask)
         finally:
             _POSITIONS.clear()
-        if not _masks_nothing(value):
+        kind = _kind(value, _shape(n.args[0]), _shape(n.args[1]) if len(n.args) > 1 else None)
+        if kind is None:
             continue
+        causal_given = n.kwargs.get("is_causal", n.args[5] if len(n.args) > 5 else False)
+        if kind == "causal" and causal_given is not False:
+            continue  # (a mask with is_causal=True is an error ATen reports)
         if where == "kw":
             n.kwargs = {**n.kwargs, "attn_mask": None}
         else:
             n.args = (*n.args[:3], None, *n.args[4:])
+        if kind == "causal":
+            if len(n.args) > 5:
+                n.args = (*n.args[:5], True, *n.args[6:])
+            else:
+                n.kwargs = {**n.kwargs, "is_causal": True}
         dropped += 1
-        log.debug("ember: attention %s: its mask %s masks nothing (a constant); dropped",
-                  n.name, mask.name)
+        log.debug("ember: attention %s: its mask %s is a constant %s; dropped%s", n.name,
+                  mask.name, "that masks nothing" if kind == "none" else "causal mask",
+                  "" if kind == "none" else " for is_causal=True")
         _erase_unused(mask)
     if dropped:
         gm.recompile()
