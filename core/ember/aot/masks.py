@@ -27,7 +27,7 @@ values, from a parameter or buffer (their values may change between calls), or l
 from __future__ import annotations
 
 import logging
-import operator
+import math
 from typing import Any
 
 import torch
@@ -91,6 +91,9 @@ def _constant_value(root: torch.fx.Node) -> Any:
         seen.add(n)
         if not _pure(n):
             return None
+        shape = _shape(n)
+        if shape is not None and math.prod(shape) > MAX_ELEMENTS:
+            return None  # not computed here: too large (a broadcast view counts in full)
         order.append(n)
         stack.extend(n.all_input_nodes)
     env: dict[torch.fx.Node, Any] = {}
