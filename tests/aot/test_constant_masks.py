@@ -143,3 +143,46 @@ def test_a_mask_that_would_broadcast_the_result_is_kept() -> None:
     assert _kind(torch.ones(3, 1, T, T, dtype=torch.bool), q, q) is None  # 3 batches, not 2
     assert _kind(torch.ones(T, T, dtype=torch.bool).tril(), q, q) == "causal"
     assert _kind(torch.ones(T, T, dtype=torch.bool).tril(), q, (B, H, T + 1, D)) is None
+
+
+def _dynamic_sdpa(threshold: int) -> Any:
+    def f(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        b, t = q.shape[0], q.shape[2]
+        pos = torch.arange(t, device=q.device) + 0
+        mask = (pos[None, None, :, None] >= threshold).expand(b, -1, t, t)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.25)
+    return f
+
+
+def _data_mask(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    mask = (q[:, :1, :, :1] > -1e9).expand(-1, -1, -1, q.shape[2])  # all True, from data
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.25)
+
+
+@pytest.mark.parametrize("f,dropped", [(_dynamic_sdpa(0), True), (_dynamic_sdpa(1), False),
+                                       (_data_mask, False)])
+def test_masks_with_symbolic_sizes_are_dropped_when_true_for_every_size(
+        f: Any, dropped: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """dynamic=True: the mask depends on a size and cannot be computed once; bounds prove
+    ``arange(s) + 0 >= 0`` True for every size (transformers' encoder mask), nothing else."""
+    from ember.aot import masks
+
+    seen: list[torch.fx.GraphModule] = []
+
+    def recording(gm: torch.fx.GraphModule) -> int:
+        seen.append(gm)  # the graph the pass rewrote, as AOT autograd then traces it
+        return run(gm)
+
+    run = masks.drop_constant_masks
+    monkeypatch.setattr(masks, "drop_constant_masks", recording)
+    cf = ember.compile(f, backend="aot_eager", dynamic=True)
+    for t in (8, 11):
+        g = torch.Generator().manual_seed(t)
+        q, k, v = (torch.randn(B, H, t, D, generator=g) for _ in range(3))
+        torch.testing.assert_close(cf(q, k, v), f(q, k, v))
+    assert len(seen) == 1 and any(isinstance(n.meta.get("example_value"), torch.Tensor)
+                                  for n in seen[0].graph.nodes)
+    sdpa = [n for n in seen[0].graph.nodes
+            if n.op == "call_function" and "scaled_dot_product_attention" in str(n.target)]
+    assert len(sdpa) == 1
+    assert (sdpa[0].kwargs.get("attn_mask") is None) == dropped, seen[0].code

@@ -19,9 +19,11 @@ tell apart), and replaces one that is exactly SDPA's causal mask (the lower tria
 ``[L, S]`` scores, top-left aligned, over every batch and head; boolean, or 0/-inf) by
 ``is_causal=True``: a decoder's mask under a compiler (GPT-2's, built from positions) then runs
 the causal flash kernels, which skip the masked half, instead of a kernel reading a bias. The
-rewrite is exact. A mask computed from an input, from random or uninitialized
-values, from a parameter or buffer (their values may change between calls), or larger than
-:data:`MAX_ELEMENTS` before broadcasting, is left alone.
+rewrite is exact. With symbolic sizes (``dynamic=True``) the mask depends on a size and cannot
+be computed once; bounds on its values prove the common all-True case for every size instead
+(``arange(s) + 0 >= 0``: :func:`_bounds`). A mask computed from an input's values, from random or
+uninitialized values, from a parameter or buffer (their values may change between calls), or
+larger than :data:`MAX_ELEMENTS`, is left alone.
 """
 
 from __future__ import annotations
@@ -164,6 +166,102 @@ def _kind(v: Any, q: tuple[int, ...] | None, k: tuple[int, ...] | None) -> str |
     return "causal" if bool((keep == causal).all()) else None
 
 
+# -- masks with symbolic sizes: all True for every size --------------------------------------
+#
+# With dynamic shapes the mask depends on a size (``arange(s)``) and cannot be computed once.
+# A small abstract interpretation proves the common case instead: every value of a node is
+# bounded (integers: a range [lo, hi]) or, for a boolean node, True everywhere. ``arange`` with a
+# non-negative start is >= that start; adding a bounded value shifts the bounds; indexing,
+# broadcasting and views keep them; a comparison whose bounds decide it is True everywhere;
+# ``&`` of two such, ``|`` with one such; ``ones``/``new_ones``/``full(.., True)`` of bool.
+
+_SAME_VALUES = {"expand", "expand_as", "view", "reshape", "unsqueeze", "squeeze", "permute",
+                "transpose", "contiguous", "clone", "flatten", "unflatten", "broadcast_to",
+                "getitem", "detach", "alias", "repeat", "narrow", "select", "t"}
+_CMP = {"ge": lambda a, b: a[0] >= b[1], "gt": lambda a, b: a[0] > b[1],
+        "le": lambda a, b: a[1] <= b[0], "lt": lambda a, b: a[1] < b[0]}
+_SWAP = {"ge": "le", "le": "ge", "gt": "lt", "lt": "gt"}
+_INF = float("inf")
+
+
+def _bounds(x: Any, memo: dict[Any, Any]) -> Any:
+    """``True`` for a boolean node that is True everywhere, ``(lo, hi)`` for a number or an
+    integer node whose values are bounded so, else None."""
+    if isinstance(x, bool):
+        return True if x else None
+    if isinstance(x, (int, float)):
+        return (x, x)
+    if not isinstance(x, torch.fx.Node):
+        return None
+    if x in memo:
+        return memo[x]
+    memo[x] = None  # (no cycles in a graph; a guard all the same)
+    memo[x] = out = _bounds_of(x, memo)
+    return out
+
+
+def _bounds_of(n: torch.fx.Node, memo: dict[Any, Any]) -> Any:
+    if n.op not in ("call_function", "call_method"):
+        return None
+    name = _name(n.target)
+    args = n.args
+    if name in _SAME_VALUES and args:
+        return _bounds(args[0], memo)
+    if name == "to" and args and not any(isinstance(a, torch.dtype) for a in args[1:]) \
+            and "dtype" not in n.kwargs:
+        return _bounds(args[0], memo)  # a device move
+    if name == "arange":
+        if n.kwargs.get("dtype") not in (None, torch.int64, torch.int32) or \
+                len(args) > 2 or "step" in n.kwargs:
+            return None
+        start = args[0] if len(args) == 2 else n.kwargs.get("start", 0)
+        return (start, _INF) if isinstance(start, int) and start >= 0 else None
+    if name in ("add", "sub") and len(args) == 2:
+        a, b = _bounds(args[0], memo), _bounds(args[1], memo)
+        if not (isinstance(a, tuple) and isinstance(b, tuple)):
+            return None
+        return (a[0] + b[0], a[1] + b[1]) if name == "add" else (a[0] - b[1], a[1] - b[0])
+    if name in _CMP and len(args) == 2:
+        a, b = _bounds(args[0], memo), _bounds(args[1], memo)
+        if isinstance(a, tuple) and isinstance(b, tuple) and _CMP[name](a, b):
+            return True
+        return None
+    if name in ("and_", "__and__", "logical_and", "bitwise_and") and len(args) == 2:
+        return True if _bounds(args[0], memo) is True and _bounds(args[1], memo) is True \
+            else None
+    if name in ("or_", "__or__", "logical_or", "bitwise_or") and len(args) == 2:
+        return True if _bounds(args[0], memo) is True or _bounds(args[1], memo) is True \
+            else None
+    if name in ("ones", "new_ones", "ones_like") and n.kwargs.get("dtype") is torch.bool:
+        return True
+    if name in ("full", "new_full"):
+        at = 1 if name == "full" else 2
+        fill = args[at] if len(args) > at else n.kwargs.get("fill_value")
+        return True if fill is True and n.kwargs.get("dtype") in (None, torch.bool) else None
+    return None
+
+
+def _broadcasts_within(mask: torch.fx.Node, q: Any) -> bool:
+    """Does the mask broadcast to the scores without adding or growing a batch dim (so that
+    dropping it cannot change the result's shape)? Symbolic sizes compared by their
+    expressions, without guards."""
+    mv = mask.meta.get("example_value", mask.meta.get("val"))
+    qv = q.meta.get("example_value", q.meta.get("val")) if isinstance(q, torch.fx.Node) else None
+    if not isinstance(mv, torch.Tensor) or not isinstance(qv, torch.Tensor):
+        return False
+    if mv.dim() > qv.dim():
+        return False
+
+    def same(a: Any, b: Any) -> bool:
+        if isinstance(a, int) and isinstance(b, int):
+            return a == b
+        ea, eb = getattr(getattr(a, "node", None), "expr", a), getattr(getattr(b, "node", None),
+                                                                          "expr", b)
+        return str(ea) == str(eb)
+
+    return all(same(m, 1) or same(m, d) for m, d in zip(mv.shape[-3::-1], qv.shape[-3::-1]))
+
+
 def drop_constant_masks(gm: torch.fx.GraphModule) -> int:
     """Remove the ``attn_mask`` of every attention call whose mask is a compile-time constant
     that masks nothing, and replace one that is exactly the causal mask by ``is_causal=True``
@@ -185,6 +283,9 @@ def drop_constant_masks(gm: torch.fx.GraphModule) -> int:
         finally:
             _POSITIONS.clear()
         kind = _kind(value, _shape(n.args[0]), _shape(n.args[1]) if len(n.args) > 1 else None)
+        if kind is None and value is None and _bounds(mask, {}) is True \
+                and _broadcasts_within(mask, n.args[0]):
+            kind = "none"  # all True for every size (symbolic sizes: not computable here)
         if kind is None:
             continue
         causal_given = n.kwargs.get("is_causal", n.args[5] if len(n.args) > 5 else False)
@@ -214,7 +315,7 @@ def _erase_unused(root: torch.fx.Node) -> None:
     stack = [root]
     while stack:
         n = stack.pop()
-        if n.users or n.op not in ("call_function", "call_method"):
+        if n.users or not _pure(n):
             continue
         inputs = n.all_input_nodes
         n.graph.erase_node(n)
