@@ -350,3 +350,48 @@ def test_a_backward_whose_activations_never_come_from_the_recording_records_anyw
         s = x.sin()  # ... but these activations are not its outputs
         torch.testing.assert_close(bw(s, t)[0], x.sin().cos())
     assert bw.stats["eager"] == 3 and bw.stats["record"] == 1 and bw.stats["replay"] == 2
+
+
+def test_warmups_and_captures_run_between_cleared_cublas_workspaces(monkeypatch):
+    """A capture must not bake in a cuBLAS workspace that torch owns and others may free
+    (torch's CUDA graph trees clear them around their recordings: the GPT-2 training crash with
+    three CUDA-graph backends in one process). The real CudaOps clears them before and after
+    each warm-up and capture; torch's CUDA calls are stubbed here (no GPU)."""
+    import contextlib
+
+    events = []
+
+    class Graph:
+        def register_generator_state(self, g):
+            pass
+
+    @contextlib.contextmanager
+    def scope(*a, **k):
+        events.append("enter")
+        yield
+        events.append("exit")
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    monkeypatch.setattr(torch._C, "_cuda_clearCublasWorkspaces",
+                        lambda: events.append("clear"), raising=False)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", scope)
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda d=None: Stream())
+    ops = runtime.CudaOps()
+    monkeypatch.setattr(ops, "side_stream", lambda d: Stream())
+
+    def fn(x):
+        events.append("run")
+        return (x + 1,)
+
+    with ops.warmup(CPU):
+        fn(torch.ones(2))
+    assert events == ["clear", "run", "clear"]
+    events.clear()
+    ops.record(fn, [torch.ones(2)], pool=None, device=CPU, gens=[])
+    assert events == ["clear", "enter", "run", "exit", "clear"]

@@ -96,6 +96,20 @@ class CudaOps:
             s = self._streams[idx] = torch.cuda.Stream(device=idx)
         return s
 
+    @staticmethod
+    def clear_workspaces() -> None:
+        """Drop cuBLAS's cached workspaces (one per handle and stream, kept by torch between
+        calls). A capture that found one would bake its address into the graph while torch
+        still owns it: freed by anyone who clears them (torch's CUDA graph trees do, around each
+        of their recordings), it goes back to the allocator, another tensor gets it, and every
+        replay writes cuBLAS's scratch over that tensor (the GPT-2 training crash with three
+        CUDA-graph backends in one process). Cleared before a warm-up or capture, the capture
+        allocates its workspace in the graph's pool; cleared after, that workspace is a
+        temporary of the graph, like its other intermediates (what torch's trees do too)."""
+        clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear is not None:
+            clear()
+
     @contextlib.contextmanager
     def warmup(self, device: torch.device) -> Any:
         """Run the body on the side stream (the one captures use), ordered after the work
@@ -105,7 +119,11 @@ class CudaOps:
         s.wait_stream(cur)
         try:
             with torch.cuda.stream(s):
-                yield
+                self.clear_workspaces()
+                try:
+                    yield
+                finally:
+                    self.clear_workspaces()
         finally:
             cur.wait_stream(s)
 
@@ -117,9 +135,13 @@ class CudaOps:
         with torch.cuda.device(device):
             for g in gens:
                 graph.register_generator_state(g)
-            with torch.cuda.graph(graph, pool=pool, stream=self.side_stream(device),
-                                  capture_error_mode="thread_local"):
-                outs = fn(*args)
+            self.clear_workspaces()
+            try:
+                with torch.cuda.graph(graph, pool=pool, stream=self.side_stream(device),
+                                      capture_error_mode="thread_local"):
+                    outs = fn(*args)
+            finally:
+                self.clear_workspaces()
         return graph, outs
 
     def replay(self, graph: Any) -> None:
