@@ -77,6 +77,9 @@ def _pure(n: torch.fx.Node) -> bool:
         return False  # a Python function the capture kept: it may do anything
     if "out" in n.kwargs:
         return False
+    schema = getattr(n.target, "_schema", None)  # an ATen op the user called: "add_.Tensor"
+    if schema is not None and getattr(schema, "is_mutable", False):
+        return False
     return not (any(p in name for p in _IMPURE_PARTS) or name.startswith(_IMPURE_PREFIXES)
                 or name in _IMPURE_NAMES)
 
