@@ -342,3 +342,32 @@ def test_non_tensor_input_is_baked_in():
     assert_close(out, x * 3 + 1)
     out.sum().backward()
     assert_close(x.grad, torch.full((4,), 3.0))
+
+
+@pytest.mark.parametrize("training", [False, True])
+@pytest.mark.parametrize("op", ["native_batch_norm", "cudnn_batch_norm"])
+def test_legacy_batch_norm_kernels_become_one_legit_call(op: str, training: bool) -> None:
+    """Ember's own decomposition of batch norm's legacy kernels (aot/trace.py) agrees with
+    ``native_batch_norm`` in values and running statistics; cuDNN's (GPU-only in eager, called
+    here on CPU tensors) also returns its empty reserve, and empty statistics in evaluation."""
+    from ember.aot.trace import base_decompositions
+
+    aten = torch.ops.aten
+    decomp = base_decompositions()[getattr(aten, op).default]
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 3, 5, 5, generator=g)
+    w, b = torch.randn(3, generator=g), torch.randn(3, generator=g)
+    rm, rv = torch.randn(3, generator=g), torch.rand(3, generator=g) + 0.5
+    rm2, rv2 = rm.clone(), rv.clone()
+    got = decomp(x, w, b, rm, rv, training, 0.1, 1e-5)
+    want = aten.native_batch_norm(x, w, b, rm2, rv2, training, 0.1, 1e-5)
+    torch.testing.assert_close(got[0], want[0])
+    torch.testing.assert_close((rm, rv), (rm2, rv2))  # running statistics updated alike
+    if training:
+        torch.testing.assert_close(got[1:3], want[1:3])
+    else:
+        assert got[1].numel() == 0 and got[2].numel() == 0
+    if op == "cudnn_batch_norm":
+        assert len(got) == 4 and got[3].dtype == torch.uint8 and got[3].numel() == 0
+    else:
+        assert len(got) == 3
