@@ -286,9 +286,11 @@ def drop_constant_masks(gm: torch.fx.GraphModule) -> int:
         finally:
             _POSITIONS.clear()
         kind = _kind(value, _shape(n.args[0]), _shape(n.args[1]) if len(n.args) > 1 else None)
+        how = "a constant that masks nothing" if kind == "none" else "exactly the causal mask"
         if kind is None and value is None and _bounds(mask, {}) is True \
                 and _broadcasts_within(mask, n.args[0]):
             kind = "none"  # all True for every size (symbolic sizes: not computable here)
+            how = "True for every size"
         if kind is None:
             continue
         causal_given = n.kwargs.get("is_causal", n.args[5] if len(n.args) > 5 else False)
@@ -304,9 +306,8 @@ def drop_constant_masks(gm: torch.fx.GraphModule) -> int:
             else:
                 n.kwargs = {**n.kwargs, "is_causal": True}
         dropped += 1
-        log.debug("ember: attention %s: its mask %s is a constant %s; dropped%s", n.name,
-                  mask.name, "that masks nothing" if kind == "none" else "causal mask",
-                  "" if kind == "none" else " for is_causal=True")
+        log.info("ember: attention %s: its mask %s is %s; dropped%s", n.name, mask.name, how,
+                 "" if kind == "none" else " for is_causal=True")
         _erase_unused(mask)
     if dropped:
         gm.recompile()
