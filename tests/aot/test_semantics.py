@@ -3,6 +3,8 @@ eager, for the semantics AOT autograd has to preserve."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 import pytest
@@ -371,3 +373,30 @@ def test_legacy_batch_norm_kernels_become_one_legit_call(op: str, training: bool
         assert len(got) == 4 and got[3].dtype == torch.uint8 and got[3].numel() == 0
     else:
         assert len(got) == 3
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_a_batch_norm_reaches_a_backend_without_decompositions_as_one_op(training: bool) -> None:
+    """aot_eager and cudagraphs run the ATen graph op by op: a batch norm must arrive as one
+    ``_native_batch_norm_legit*`` call, not as torch's ~8-12 elementwise ops."""
+    import ember
+
+    seen: list[torch.fx.GraphModule] = []
+
+    def record(gm: torch.fx.GraphModule, example: Any, **kw: Any) -> Any:
+        seen.append(gm)
+        return gm
+
+    ember.register_backend("bn_recording", record, level="aten")
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4),
+                                torch.nn.ReLU()).train(training)
+    ref = __import__("copy").deepcopy(model)
+    x = torch.randn(2, 3, 8, 8)
+    out = ember.compile(model, backend="bn_recording")(x)
+    torch.testing.assert_close(out, ref(x))
+    torch.testing.assert_close(model[1].running_mean, ref[1].running_mean)
+    ops = [str(n.target) for n in seen[0].graph.nodes if n.op == "call_function"]
+    want = ("aten._native_batch_norm_legit_functional.default" if training
+            else "aten._native_batch_norm_legit_no_training.default")
+    assert ops.count(want) == 1, ops
+    assert not any(o.startswith(("aten.rsqrt", "aten.var_mean", "aten.sqrt")) for o in ops), ops
