@@ -159,8 +159,24 @@ def _data_mask(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tenso
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.25)
 
 
+def _alpha_mask(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    b, t = q.shape[0], q.shape[2]
+    pos = torch.add(torch.arange(t), 1, alpha=-2)  # pos - 2: negative for the first two
+    mask = (pos[None, None, :, None] >= -1).expand(b, -1, t, t)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.25)
+
+
+def _wrapped_dtype_mask(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    b, t = q.shape[0], q.shape[2]
+    small = torch.zeros(1, dtype=torch.int8)
+    pos = (torch.arange(t) + 120).to(small)  # int8: wraps below zero past 127
+    mask = (pos[None, None, :, None] >= 0).expand(b, -1, t, t)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.25)
+
+
 @pytest.mark.parametrize("f,dropped", [(_dynamic_sdpa(0), True), (_dynamic_sdpa(1), False),
-                                       (_data_mask, False)])
+                                       (_data_mask, False), (_alpha_mask, False),
+                                       (_wrapped_dtype_mask, False)])
 def test_masks_with_symbolic_sizes_are_dropped_when_true_for_every_size(
         f: Any, dropped: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """dynamic=True: the mask depends on a size and cannot be computed once; bounds prove

@@ -71,8 +71,7 @@ def _pure(n: torch.fx.Node) -> bool:
     elif name.endswith("_") and not name.endswith("__"):
         return False  # an in-place op
     if n.op == "call_function" and not (
-            getattr(n.target, "__module__", "") in ("_operator", "operator")
-            or (getattr(n.target, "__module__", None) or "").startswith("torch")
+            operator_module or (getattr(n.target, "__module__", None) or "").startswith("torch")
             or n.target in (getattr,)):
         return False  # a Python function the capture kept: it may do anything
     if "out" in n.kwargs:
@@ -84,8 +83,9 @@ def _pure(n: torch.fx.Node) -> bool:
                 or name in _IMPURE_NAMES)
 
 
-def _constant_value(root: torch.fx.Node) -> Any:
-    """The value of ``root`` when it depends on constants only (evaluated here), else None."""
+def _constant_value(root: torch.fx.Node, position: dict[torch.fx.Node, int]) -> Any:
+    """The value of ``root`` when it depends on constants only (evaluated here), else None.
+    ``position``: each node's place in the graph (the order to evaluate in)."""
     order: list[torch.fx.Node] = []
     seen: set[torch.fx.Node] = set()
     stack = [root]
@@ -102,7 +102,7 @@ def _constant_value(root: torch.fx.Node) -> Any:
         order.append(n)
         stack.extend(n.all_input_nodes)
     env: dict[torch.fx.Node, Any] = {}
-    for n in sorted(order, key=lambda x: _position(x)):
+    for n in sorted(order, key=position.__getitem__):
         args = torch.fx.node.map_arg(n.args, env.__getitem__)
         kwargs = torch.fx.node.map_arg(n.kwargs, env.__getitem__)
         try:
@@ -119,18 +119,6 @@ def _constant_value(root: torch.fx.Node) -> Any:
             return None
         env[n] = v
     return env[root]
-
-
-_POSITIONS: dict[int, dict[torch.fx.Node, int]] = {}
-
-
-def _position(n: torch.fx.Node) -> int:
-    graph = n.graph
-    pos = _POSITIONS.get(id(graph))
-    if pos is None or n not in pos:
-        pos = {m: i for i, m in enumerate(graph.nodes)}
-        _POSITIONS[id(graph)] = pos
-    return pos[n]
 
 
 def _shape(n: Any) -> tuple[int, ...] | None:
@@ -183,7 +171,6 @@ _SAME_VALUES = {"expand", "expand_as", "view", "reshape", "unsqueeze", "squeeze"
                 "getitem", "detach", "alias", "repeat", "narrow", "select", "t"}
 _CMP = {"ge": lambda a, b: a[0] >= b[1], "gt": lambda a, b: a[0] > b[1],
         "le": lambda a, b: a[1] <= b[0], "lt": lambda a, b: a[1] < b[0]}
-_SWAP = {"ge": "le", "le": "ge", "gt": "lt", "lt": "gt"}
 _INF = float("inf")
 
 
@@ -210,16 +197,16 @@ def _bounds_of(n: torch.fx.Node, memo: dict[Any, Any]) -> Any:
     args = n.args
     if name in _SAME_VALUES and args:
         return _bounds(args[0], memo)
-    if name == "to" and args and not any(isinstance(a, torch.dtype) for a in args[1:]) \
-            and "dtype" not in n.kwargs:
-        return _bounds(args[0], memo)  # a device move
+    if name == "to" and args and all(isinstance(a, (torch.device, str)) for a in args[1:]) \
+            and set(n.kwargs) <= {"device", "non_blocking", "copy"}:
+        return _bounds(args[0], memo)  # a device move (a dtype, or another tensor's, is not)
     if name == "arange":
         if n.kwargs.get("dtype") not in (None, torch.int64, torch.int32) or \
                 len(args) > 2 or "step" in n.kwargs:
             return None
         start = args[0] if len(args) == 2 else n.kwargs.get("start", 0)
         return (start, _INF) if isinstance(start, int) and start >= 0 else None
-    if name in ("add", "sub") and len(args) == 2:
+    if name in ("add", "sub") and len(args) == 2 and not n.kwargs:  # (no alpha)
         a, b = _bounds(args[0], memo), _bounds(args[1], memo)
         if not (isinstance(a, tuple) and isinstance(b, tuple)):
             return None
@@ -270,6 +257,8 @@ def drop_constant_masks(gm: torch.fx.GraphModule) -> int:
     that masks nothing, and replace one that is exactly the causal mask by ``is_causal=True``
     (see the module's docstring); returns how many masks were removed."""
     dropped = 0
+    position = {n: i for i, n in enumerate(gm.graph.nodes)}
+    values: dict[torch.fx.Node, Any] = {}  # a mask several attention calls share: computed once
     for n in list(gm.graph.nodes):
         if n.op != "call_function" or n.target not in _SDPA:
             continue
@@ -281,16 +270,15 @@ def drop_constant_masks(gm: torch.fx.GraphModule) -> int:
             continue
         if not isinstance(mask, torch.fx.Node):
             continue
-        try:
-            value = _constant_value(mask)
-        finally:
-            _POSITIONS.clear()
+        if mask not in values:
+            values[mask] = _constant_value(mask, position)
+        value = values[mask]
         kind = _kind(value, _shape(n.args[0]), _shape(n.args[1]) if len(n.args) > 1 else None)
-        how = "a constant that masks nothing" if kind == "none" else "exactly the causal mask"
+        how = {"none": "a constant that masks nothing", "causal": "exactly the causal mask"}
         if kind is None and value is None and _bounds(mask, {}) is True \
                 and _broadcasts_within(mask, n.args[0]):
             kind = "none"  # all True for every size (symbolic sizes: not computable here)
-            how = "True for every size"
+            how = {"none": "True for every size"}
         if kind is None:
             continue
         causal_given = n.kwargs.get("is_causal", n.args[5] if len(n.args) > 5 else False)
@@ -306,8 +294,8 @@ def drop_constant_masks(gm: torch.fx.GraphModule) -> int:
             else:
                 n.kwargs = {**n.kwargs, "is_causal": True}
         dropped += 1
-        log.info("ember: attention %s: its mask %s is %s; dropped%s", n.name, mask.name, how,
-                 "" if kind == "none" else " for is_causal=True")
+        log.info("ember: attention %s: its mask %s is %s; dropped%s", n.name, mask.name,
+                 how[kind], "" if kind == "none" else " for is_causal=True")
         _erase_unused(mask)
     if dropped:
         gm.recompile()

@@ -56,9 +56,8 @@ def dense_stride(size: Sequence[Any], stride: Sequence[Any]) -> list[Any]:
     ordered = [i for i in order if key(i)[0] != 0]  # innermost first, broadcast dims left out
     if len({key(i)[0] for i in ordered}) < len(ordered):
         return contiguous_strides(size)  # dims of equal strides (overlapping): no order to keep
-    places = [i for i in reversed(dims) if key(i)[0] != 0]  # their places, innermost first
-    fill = iter(ordered)
-    order = [next(fill) if i in places else i for i in reversed(dims)]
+    fill = iter(ordered)  # into the places of the non-broadcast dims, innermost first
+    order = [next(fill) if key(i)[0] != 0 else i for i in reversed(dims)]
     out = list(stride)
     acc = 1
     for i in order:
