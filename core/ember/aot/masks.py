@@ -196,12 +196,14 @@ def _bounds_of(n: torch.fx.Node, memo: dict[Any, Any]) -> Any:
     name = _name(n.target)
     args = n.args
     if name in _SAME_VALUES and args:
+        if any(isinstance(a, torch.dtype) for a in (*args[1:], *n.kwargs.values())):
+            return None  # view(dtype) reinterprets the bits
         return _bounds(args[0], memo)
     if name == "to" and args and all(isinstance(a, (torch.device, str)) for a in args[1:]) \
             and set(n.kwargs) <= {"device", "non_blocking", "copy"}:
         return _bounds(args[0], memo)  # a device move (a dtype, or another tensor's, is not)
     if name == "arange":
-        if n.kwargs.get("dtype") not in (None, torch.int64, torch.int32) or \
+        if n.kwargs.get("dtype") not in (None, torch.int64) or \
                 len(args) > 2 or "step" in n.kwargs:
             return None
         start = args[0] if len(args) == 2 else n.kwargs.get("start", 0)
@@ -210,7 +212,8 @@ def _bounds_of(n: torch.fx.Node, memo: dict[Any, Any]) -> Any:
         a, b = _bounds(args[0], memo), _bounds(args[1], memo)
         if not (isinstance(a, tuple) and isinstance(b, tuple)):
             return None
-        return (a[0] + b[0], a[1] + b[1]) if name == "add" else (a[0] - b[1], a[1] - b[0])
+        lo, hi = (a[0] + b[0], a[1] + b[1]) if name == "add" else (a[0] - b[1], a[1] - b[0])
+        return (lo, hi) if max(abs(lo), abs(hi) if hi != _INF else 0) < 2 ** 62 else None
     if name in _CMP and len(args) == 2:
         a, b = _bounds(args[0], memo), _bounds(args[1], memo)
         if isinstance(a, tuple) and isinstance(b, tuple) and _CMP[name](a, b):
