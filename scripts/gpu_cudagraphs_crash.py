@@ -78,8 +78,9 @@ def main() -> int:
         try:
             p = subprocess.run([sys.executable, __file__, "one", combo], env=env,
                                capture_output=True, text=True, timeout=90)
+            ok = [ln for ln in p.stdout.splitlines() if ln.startswith("ok after")]
             tail = (p.stdout + p.stderr).strip().splitlines()
-            verdict = tail[-1] if p.returncode == 0 and tail else \
+            verdict = ok[-1] if p.returncode == 0 and ok else \
                 f"rc={p.returncode}: " + " | ".join(tail[-6:])
         except subprocess.TimeoutExpired:
             verdict = "timeout (90 s)"

@@ -51,8 +51,8 @@ def test_reduce_overhead_on_cpu_compiles_as_the_default_mode_with_an_info_log(ca
 
 def test_options_are_declared_and_checked():
     be = ember.get_backend("cudagraphs")
-    # experimental until the training crash seen on the H200 is understood (docs/cudagraphs.md)
-    assert "experimental" in be.tags and "cudagraphs" in ember.list_backends(exclude_tags=())
+    # no longer experimental: the training crash of docs/cudagraphs.md was found and fixed
+    assert "experimental" not in be.tags and "cudagraphs" in ember.list_backends(exclude_tags=())
     assert set(be.accepted_options()) == {"max_recordings"}
     with pytest.raises(ember.UnknownOption, match="max_recordings"):
         ember.compile(_f, backend="cudagraphs", options={"max_recording": 2})

@@ -272,6 +272,71 @@ def test_split_reductions(monkeypatch):
     assert_same(compile_triton(fn)(x, m), fn(x, m), atol=1e-4, rtol=1e-4)
 
 
+def _force_split(monkeypatch, min_length=2000, chunk=300):
+    from ember_inductor.codegen import triton as tcg
+
+    monkeypatch.setattr(tcg, "SPLIT_IN_INTERPRETER", [True])
+    monkeypatch.setattr(tcg, "SPLIT_MIN_LENGTH", [min_length])
+    monkeypatch.setattr(tcg, "SPLIT_CHUNK", [chunk])
+
+
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_split_batch_norm_training(monkeypatch, channels_last):
+    """A batch norm's statistics in training: per channel over N*H*W, few long rows (resnet50
+    on a GPU ran them in under 64 programs: 2.4 ms for one kernel). Split across programs,
+    the two-pass variance and the backward's sums each in their own split kernel, the running
+    statistics and the weight gradient finished after them; output, gradients and running
+    statistics equal eager's."""
+    _force_split(monkeypatch)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+
+    def fn(x, w, b, rm, rv):
+        y = torch.nn.functional.batch_norm(x, rm, rv, w, b, training=True, momentum=0.1)
+        return torch.relu(y) * 2
+
+    def run(f):
+        x = (t(4, 6, 30, 30) * 3 + 5).to(memory_format=fmt).requires_grad_()
+        w, b = (t(6) + 1).requires_grad_(), t(6).requires_grad_()
+        rm, rv = torch.zeros(6, device=x.device), torch.ones(6, device=x.device)
+        out = f(x, w, b, rm, rv)
+        out.backward(torch.ones_like(out))
+        return out, x.grad, w.grad, b.grad, rm, rv
+    torch.manual_seed(0)
+    want = run(fn)
+    torch.manual_seed(0)
+    got = run(compile_triton(fn))
+    assert_same(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_split_cuts_a_group_at_its_looped_blocks(monkeypatch):
+    """The scheduler cuts a group whose looped blocks all split (a variance: the mean's sum,
+    then the squares' sum reading it) into one group per block, and leaves others whole."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from ember_inductor.codegen.triton import split_policy
+    from ember_inductor.decompositions import decompositions
+    from ember_inductor.lowering import GraphLowering
+    from ember_inductor.scheduler import CppRegion, Scheduler
+    from ember_inductor.sizes import SizeEnv, size_env
+
+    _force_split(monkeypatch)
+
+    def groups(x):
+        gm = make_fx(lambda x: torch.var_mean(x, dim=(0, 2)),
+                     decomposition_table=decompositions())(x)
+        with size_env(SizeEnv()):
+            graph = GraphLowering(gm)
+            graph.run()
+            sched = Scheduler(graph, split_policy=split_policy(4, interpret=True))
+        return [g for s in sched.steps if isinstance(s, CppRegion) for g in s.groups]
+
+    long = groups(torch.randn(8, 3, 1000).cpu())
+    assert [g.split for g in long if g.split] and len([g for g in long if g.split]) == 2
+    assert all(len([b for b in g.blocks if b.inner]) == 1 for g in long if g.split)
+    short = groups(torch.randn(2, 3, 100).cpu())
+    assert not any(g.split for g in short)
+
+
 def test_repeated_layers_share_one_kernel_definition():
     """Layers identical but for their buffers: one kernel in the module, called once per layer
     with that layer's arguments (codegen/triton.py ``_canonical_kernel``)."""

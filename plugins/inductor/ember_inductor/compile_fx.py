@@ -154,7 +154,8 @@ def generate_source(gm: torch.fx.GraphModule, key: str = "",
         # copied (lowering/graph.py, _loads_across); Triton tiles transposes itself
         graph.transpose_by_copy = target.name == "cpp"
         graph.run()
-        sched = Scheduler(graph, row_scratch=graph.row_scratch)
+        sched = Scheduler(graph, row_scratch=graph.row_scratch,
+                          split_policy=target.split_policy())
         dtypes = {b.name: b.dtype for b in graph.operations}
         dtypes.update({b.name: b.dtype for b in graph.inputs})
         for name, t in graph.constants.items():

@@ -137,6 +137,12 @@ class FusedGroup:
     outer: list[Any]
     members: list[Member]
     blocks: list[LoopBlock] = dataclasses.field(default_factory=list)
+    #: programs sharing each row of the group's one looped reduction block (0: not split), as
+    #: the target's split policy decided (Scheduler.split_policy)
+    split: int = 0
+    #: whether the rows' elements lie next to each other across rows (a reduction over all but
+    #: a channels-last tensor's channels): tiles then span rows, not one row's elements
+    xcontig: bool = False
 
     def names(self) -> set[str]:
         return {m.node.name for m in self.members}
@@ -174,9 +180,19 @@ def _reads_of(op: Buffer) -> set[str]:
 ROW_SCRATCH_MAX = 4096
 
 
+#: reductions a split can finish by combining partial results of the same kind
+SPLITTABLE = ("sum", "prod", "max", "min", "any", "all")
+
+
 class Scheduler:
-    def __init__(self, graph: Any, row_scratch: bool = False):
+    """``split_policy(rows, row_length, xcontig) -> parts`` (the target's; None: never) says how
+    many programs should share each row of a reduction with few long rows; a group whose
+    looped blocks all get parts is cut into one group per looped block (codegen/triton.py
+    ``generate_split``)."""
+
+    def __init__(self, graph: Any, row_scratch: bool = False, split_policy: Any = None):
         self.graph = graph
+        self.split_policy = split_policy
         self.steps: list[Any] = []            # CppRegion | ExternKernel | MultiOutput
         self.local: set[str] = set()          # buffers never stored (kept in registers)
         # (C++ only) buffers of ``local`` kept in a per-row stack array instead: name -> length
@@ -241,6 +257,8 @@ class Scheduler:
         flush()
         for step in self.steps:
             if isinstance(step, CppRegion):
+                if self.split_policy is not None:
+                    step.groups = [p for g in step.groups for p in self._split_long_rows(g)]
                 for g in step.groups:
                     self._blocks(g)
                     merge_loops(g)
@@ -292,9 +310,12 @@ class Scheduler:
                 return False
         return True
 
-    def _blocks(self, g: FusedGroup) -> None:
+    @staticmethod
+    def _partition(members: list[Member]) -> list[LoopBlock]:
+        """Consecutive members over the same inner loops, none reading a reduction of its
+        block, share a loop block."""
         blocks: list[LoopBlock] = []
-        for m in g.members:
+        for m in members:
             b = blocks[-1] if blocks else None
             reads = {n for n, _ in m.loads}
             if (b is not None and b.inner == m.inner and
@@ -303,6 +324,47 @@ class Scheduler:
                 b.members.append(m)
             else:
                 blocks.append(LoopBlock(m.inner, [m]))
+        return blocks
+
+    def _split_long_rows(self, g: FusedGroup) -> list[FusedGroup]:
+        """``g`` as it is, or, where the split policy gives every looped block of it parts (few
+        rows, long ones: a batch norm's statistics over N*H*W per channel), one group per
+        looped block, each with the row-sized members that follow it. Values a later block
+        reads from an earlier one are then stored and loaded (a second read of the rows where
+        the group would have kept them in registers): the price of filling the GPU."""
+        blocks = self._partition(g.members)
+        looped = [b for b in blocks if b.inner]
+        if not looped:
+            return [g]
+        k = len(g.outer)
+        parts = []
+        for b in looped:
+            reds = [m for m in b.members if isinstance(m.node.data, Reduction)]
+            if not reds or any(m.node.data.reduction_type not in SPLITTABLE for m in reds):
+                return [g]
+            xc = _x_contiguous(b, k)
+            n = self.split_policy(_hint(product(g.outer) if g.outer else 1),
+                                  _hint(product(b.inner)), xc)
+            if not n:
+                return [g]
+            parts.append((n, xc))
+        # row-sized members before the first looped block: a group of their own (every part
+        # of a split kernel would compute them)
+        out: list[FusedGroup] = []
+        i = 0
+        for b in blocks:
+            if b.inner:
+                n, xc = parts[i]
+                i += 1
+                out.append(FusedGroup(list(g.outer), list(b.members), split=n, xcontig=xc))
+            elif out:
+                out[-1].members.extend(b.members)
+            else:
+                out.append(FusedGroup(list(g.outer), list(b.members)))
+        return out
+
+    def _blocks(self, g: FusedGroup) -> None:
+        blocks = self._partition(g.members)
         g.blocks = blocks
         # which values never need storing
         pending: list[tuple[Member, list[Any]]] = []
@@ -377,6 +439,38 @@ class Scheduler:
                     if n and n not in written and n not in self.local and n not in read:
                         read.append(n)
         r.reads, r.writes = read, written
+
+
+def _hint(n: Any) -> int:
+    """A size as an integer (a symbolic one: its example value, which steers heuristics only)."""
+    try:
+        return int(n)
+    except TypeError:
+        from .sizes import size_hint
+        return int(size_hint(n))
+
+
+def _x_contiguous(b: LoopBlock, k: int) -> bool:
+    """Whether more of ``b``'s loads walk memory along the rows' innermost outer loop than
+    along the innermost loop of a row (loads that depend on the row loops only)."""
+    if k == 0:
+        return False
+    xv = var(k - 1)
+    votes = 0
+    for m in b.members:
+        rvs = [r for r in m.rindex if r != 0] if isinstance(m.node.data, Reduction) else []
+        if not rvs:
+            continue
+        rv = rvs[-1]
+        for _, e in m.loads:
+            e = sympy.expand(sympy.sympify(e))
+            if e.coeff(rv) == 0 and not any(e.coeff(r) != 0 for r in rvs):
+                continue
+            if e.coeff(xv) == 1:
+                votes += 1
+            elif e.coeff(rv) == 1:
+                votes -= 1
+    return votes > 0
 
 
 def _coeffs(e: Any, vs: Sequence[Any]) -> list[Any] | None:

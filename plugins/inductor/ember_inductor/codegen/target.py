@@ -103,6 +103,11 @@ class Target:
         the size symbols)."""
         raise NotImplementedError
 
+    def split_policy(self) -> Any:
+        """``policy(rows, row_length, xcontig) -> parts``: how many programs share each row of a
+        reduction with few long rows (scheduler.Scheduler); None: rows are never split."""
+        return None
+
     def alloc_kwargs(self) -> str:
         """Extra keyword arguments of the wrapper's ``torch.empty_strided`` calls."""
         return "" if self.device == "cpu" else f", device={self.device!r}"
@@ -208,6 +213,19 @@ class TritonTarget(Target):
         # this lowers the peak
         sched.in_place = plan_in_place(sched, outputs=not self.keeps_buffers())
         return generate_triton(sched, dtypes, device=self.device, tune=self.tune)
+
+    def split_policy(self) -> Any:
+        from .triton import SPLIT_INTERPRETER_SMS, split_policy
+
+        import os
+
+        if self.device == "cpu" and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+            return split_policy(SPLIT_INTERPRETER_SMS, interpret=True)
+        # GPU kernels; without a GPU (their source generated for reading, or for tests that
+        # build them): an H100's count
+        sms = (torch.cuda.get_device_properties(torch.cuda.current_device())
+               .multi_processor_count if torch.cuda.is_available() else 132)
+        return split_policy(int(sms), interpret=False)
 
     def imports(self) -> list[str]:
         if self.device == "cpu":

@@ -649,32 +649,23 @@ class TritonKernel:
         return body, spec
 
     def split_parts(self) -> int:
-        """How many programs share each row of a reduction group that is long rows and few of
-        them (a full sum, a bias gradient over a large batch): 0 where the group is not
-        split. Only groups of one loop block of plain reductions, all stored."""
+        """How many programs share each row of this group's one looped reduction block: the
+        scheduler's decision (Scheduler._split_long_rows, from the target's split policy), 0
+        where the group is not split."""
         g = self.g
-        if self.interpret and not SPLIT_IN_INTERPRETER[0]:
+        if not g.split or not g.blocks or not g.blocks[0].inner:
             return 0
-        if len(g.blocks) != 1 or not g.blocks[0].inner:
+        if any(b.inner for b in g.blocks[1:]):
             return 0
-        ms = g.blocks[0].members
-        if not all(isinstance(m.node.data, Reduction) and m.node.data.reduction_type in (
-                "sum", "prod", "max", "min", "any", "all") for m in ms):
-            return 0
-        if any(m.node.name in self.sched.local for m in ms):
-            return 0
-        xn = product(g.outer) if g.outer else 1
-        rn = product(g.blocks[0].inner)
-        xn = size_hint(xn) if is_symbolic(xn) else int(xn)
-        rn = size_hint(rn) if is_symbolic(rn) else int(rn)
-        if xn > SPLIT_MAX_ROWS or rn < SPLIT_MIN_LENGTH[0]:
-            return 0
-        return max(2, min(SPLIT_MAX_PARTS, next_pow2(-(-rn // SPLIT_CHUNK[0]))))
+        return g.split
 
     def generate_split(self, split: int) -> list[tuple[str, KernelSpec]]:
-        """Two kernels: ``<name>`` reduces ``split`` slices of every row into a workspace
-        (``xnumel * split`` programs), ``<name>_fin`` combines each row's partial results and
-        stores them as the group would have."""
+        """Two kernels. ``<name>``: program ``p`` reduces part ``p % split`` of the rows of
+        tile ``p // split`` (XBLOCK rows, a tile's width when the rows lie side by side in
+        memory) into a workspace, partial result per row and part, and stores the block's
+        row-length values of its part; ``<name>_fin`` combines each row's partial results,
+        stores them as the group would have, and computes the group's row-sized members
+        after them (a batch norm's running statistics, its scale)."""
         g = self.g
         self.split = split
         self.static = not any(is_symbolic(x) for x in g.outer) and not any(
@@ -683,7 +674,8 @@ class TritonKernel:
         self.block_mask = {"x": "xmask"}
         xnumel = product(g.outer) if g.outer else 1
         self.line(f"xnumel = {_tl(xnumel)}")
-        self.line(f"xindex = tl.program_id(0) // {split} + tl.full([XBLOCK, 1], 0, tl.int32)")
+        pid = "tl.program_id(0).to(tl.int64)" if self._wide() else "tl.program_id(0)"
+        self.line(f"xindex = ({pid} // {split}) * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
         self.line("xmask = xindex < xnumel")
         names = [f"x{i}" for i in range(len(g.outer))]
         self._index_vars("x", "xindex", g.outer, names)
@@ -694,45 +686,45 @@ class TritonKernel:
         b = g.blocks[0]
         with set_ops_handler(ops):
             self._looped_block(b, 0)
-        members = [m for m in b.members]
-        for m in members:
+        reds = [m for m in b.members if isinstance(m.node.data, Reduction)]
+        for m in reds:
             self.use(f"ws_{m.node.name}")
             self.written.append(f"ws_{m.node.name}")
             self.dtypes[f"ws_{m.node.name}"] = _ws_dtype(m)
         xn = size_hint(xnumel) if is_symbolic(xnumel) else int(xnumel)
-        rb = 1024 if not self.interpret else 256
-        cfg = {"XBLOCK": 1, "RBLOCK": rb, "num_warps": 4 if not self.interpret else 1}
-        cands = [] if self.interpret else [{"XBLOCK": 1, "RBLOCK": r, "num_warps": w}
-                                             for r, w in ((512, 4), (1024, 4), (2048, 8))]
-        part_src, part_spec = self._finish(["XBLOCK", "RBLOCK"], "1d", cfg, cands,
-                                           [xnumel * split])
+        cfg, cands = _split_configs(xn, g.xcontig, self.interpret)
+        part_src, part_spec = self._finish(["XBLOCK", "RBLOCK"], "split", cfg, cands,
+                                           [xnumel, split])
         part_spec.allocs = [(f"ws_{m.node.name}", to_py(xnumel * split), _ws_dtype(m))
-                            for m in members]  # type: ignore[attr-defined]
-        # the finishing kernel
+                            for m in reds]  # type: ignore[attr-defined]
+        # the finishing kernel: partial results, then the members after the loop
         fin = TritonKernel(self.name + "_fin", g, self.sched, self.dtypes, self.interpret,
                            self.in_place)
         fin.raise_zero_div = self.raise_zero_div
         fin.static = self.static
         fin.dim_order = ["x", "r"]
         fin.block_mask = {"x": "xmask"}
-        fin.line(f"xnumel = {_tl(xnumel)}")
-        fin.line("xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
-        fin.line("xmask = xindex < xnumel")
-        fin._index_vars("x", "xindex", g.outer, names)
-        for nm in names:
-            fin.symdims[nm] = frozenset("x")
+        fin._x_axis(xnumel, "[:, None]")
         fin.line("rindex = tl.arange(0, RBLOCK)[None, :]")
-        for m in members:
+        fin.line(f"rmask = rindex < {split}")
+        for m in reds:
             red = m.node.data
             ws = f"ws_{m.node.name}"
             fin.use(ws)
             init = _reduction_init(red.reduction_type, red.src_dtype)
             v = fin.new_tmp()
-            fin.line(f"{v} = tl.load({ws} + (xindex * {split} + rindex), xmask, other={init})")
+            fin.line(f"{v} = tl.load({ws} + (xindex * {split} + rindex), xmask & rmask, "
+                     f"other={init})")
             out = fin.new_tmp()
             fin.line(f"{out} = {fin._combine(red.reduction_type, v, 'rindex')}")
             fin._finish_reduction(m, out)
-        fcfg = {"XBLOCK": max(1, min(next_pow2(xn), 64)), "RBLOCK": split, "num_warps": 1 if self.interpret else 2}
+        with set_ops_handler(TritonOps(fin)):
+            for later in g.blocks[1:]:
+                fin.block_mask = {"x": "xmask"}
+                fin._members(later, fin._degenerate_reductions(later))
+        rb = next_pow2(split)
+        fcfg = {"XBLOCK": max(1, min(next_pow2(xn), 64, max(1, 4096 // rb))), "RBLOCK": rb,
+                "num_warps": 1 if self.interpret else 4}
         fin_src, fin_spec = fin._finish(["XBLOCK", "RBLOCK"], "1d", fcfg, [], [xnumel])
         return [(part_src, part_spec), (fin_src, fin_spec)]
 
@@ -1081,7 +1073,8 @@ class TritonKernel:
         split = getattr(self, "split", 0)
         if split:
             self.line(f"# block {bi}: rows of {_tl(rnumel)}, split in {split} parts")
-            self.line(f"rchunk = _cdiv({_tl(rnumel)}, {split})")
+            # parts start on a multiple of RBLOCK (aligned loads; the last parts may be empty)
+            self.line(f"rchunk = _cdiv(_cdiv({_tl(rnumel)}, {split}), RBLOCK) * RBLOCK")
             self.line("rstart = (tl.program_id(0) % " + str(split) + ") * rchunk")
             self.line(f"rend = tl.minimum(rstart + rchunk, {_tl(rnumel)})")
             self.line("for roffset in range(rstart, rend, RBLOCK):")
@@ -1164,14 +1157,49 @@ class TritonKernel:
         return src, spec
 
 
-#: a reduction group is split across programs when it has at most SPLIT_MAX_ROWS rows of at
-#: least SPLIT_MIN_LENGTH elements, in parts of about SPLIT_CHUNK (at most SPLIT_MAX_PARTS);
-#: lists so that tests can change them (and turn splitting on under the interpreter)
-SPLIT_MAX_ROWS = 64
-SPLIT_MIN_LENGTH = [32768]
-SPLIT_CHUNK = [4096]
-SPLIT_MAX_PARTS = 256
+#: the split policy (Scheduler.split_policy, TritonTarget): rows of at least SPLIT_MIN_LENGTH
+#: elements are split when their tiles leave the GPU's multiprocessors idle, into parts of at
+#: least SPLIT_CHUNK elements (at most SPLIT_MAX_PARTS); lists so that tests can change them
+#: (and turn splitting on under the interpreter, which is given SPLIT_INTERPRETER_SMS)
+SPLIT_MIN_LENGTH = [16384]
+SPLIT_CHUNK = [2048]
+SPLIT_MAX_PARTS = 512
 SPLIT_IN_INTERPRETER = [False]
+SPLIT_INTERPRETER_SMS = 4
+
+
+def split_policy(sms: int, interpret: bool) -> Any:
+    """``policy(rows, row_length, xcontig) -> parts`` for a GPU of ``sms`` multiprocessors: a
+    reduction whose row tiles (``_split_configs``) number fewer than the multiprocessors gets
+    about two programs per multiprocessor, each over a part of every row of its tile."""
+    def policy(xn: int, rn: int, xcontig: bool) -> int:
+        if interpret and not SPLIT_IN_INTERPRETER[0]:
+            return 0
+        if rn < SPLIT_MIN_LENGTH[0]:
+            return 0
+        tiles = -(-xn // _split_configs(xn, xcontig, interpret)[0]["XBLOCK"])
+        if tiles >= sms:
+            return 0
+        parts = min(-(-2 * sms // tiles), rn // SPLIT_CHUNK[0], SPLIT_MAX_PARTS)
+        return parts if parts >= 2 else 0
+    return policy
+
+
+def _split_configs(xn: int, xcontig: bool,
+                   interpret: bool) -> tuple[dict[str, int], list[dict[str, int]]]:
+    """The first kernel of a split reduction: its default tile and the candidates tuning times.
+    Rows side by side in memory (``xcontig``: a channels-last batch norm's statistics) take a
+    tile of many rows, each load then contiguous across rows; a row's own elements otherwise."""
+    if interpret:
+        return {"XBLOCK": max(1, min(next_pow2(xn), 16)) if xcontig else 1,
+                "RBLOCK": 64 if xcontig else 256, "num_warps": 1}, []
+    if xcontig:
+        xb = max(1, min(next_pow2(xn), 64))
+        shapes = [(xb, 2048, 4), (xb, 4096, 8), (xb, 1024, 4), (max(1, xb // 2), 2048, 4)]
+    else:
+        shapes = [(1, 1024, 4), (1, 2048, 8), (1, 512, 4), (2, 1024, 8)]
+    cfgs = [{"XBLOCK": x, "RBLOCK": max(8, n // x), "num_warps": w} for x, n, w in shapes]
+    return cfgs[0], cfgs[1:]
 
 
 def _ws_dtype(m: Member) -> torch.dtype:

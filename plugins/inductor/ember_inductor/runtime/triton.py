@@ -151,6 +151,8 @@ def machine_key() -> str:
         dev = torch.cuda.current_device()
         parts.append(f"gpu={torch.cuda.get_device_name(dev)}")
         parts.append(f"cc={torch.cuda.get_device_capability(dev)}")
+        # the split policy sizes reductions to the multiprocessors (a MIG slice: same name)
+        parts.append(f"sms={torch.cuda.get_device_properties(dev).multi_processor_count}")
         try:
             parts.append(f"driver={torch._C._cuda_getDriverVersion()}")
         except Exception:  # noqa: BLE001 - older torch: the CUDA runtime's version instead
@@ -511,6 +513,8 @@ class Launcher:
         if self.spec["grid"] == "2d":
             y, x = numels
             return -(-y // config["YBLOCK"]) * -(-x // config["XBLOCK"])
+        if self.spec["grid"] == "split":  # row tiles times the parts of each row
+            return -(-numels[0] // config["XBLOCK"]) * numels[1]
         return -(-numels[0] // config["XBLOCK"])
 
     def prepare(self, config: dict[str, int] | None = None) -> None:
@@ -546,6 +550,8 @@ class Launcher:
         nums = [f"n{i}" for i in range(n)]
         if self.spec["grid"] == "2d":
             grid = (f"-(-n0 // {self.config['YBLOCK']}) * -(-n1 // {self.config['XBLOCK']})")
+        elif self.spec["grid"] == "split":
+            grid = f"-(-n0 // {self.config['XBLOCK']}) * n1"
         else:
             grid = f"-(-n0 // {self.config['XBLOCK']})"
         lines = [f"def launch({', '.join(nums + names)}):"]
