@@ -126,6 +126,45 @@ def _member(node: ComputedBuffer, k: int) -> Member | None:
     return Member(node, index, rindex, inner, rec.loads, node.layout.index(index))
 
 
+def _member_refined(node: ComputedBuffer, outer: list[Any]) -> Member | None:
+    """A pointwise ``node`` over the loops ``outer`` of a group whose loops refine its own: each
+    of its loop dims (outermost first) is the product of a run of consecutive ``outer`` dims
+    (a [8192, 3072] copy after a [16, 512, 3072] GELU: the reshape between them). Its index
+    is then that run's row-major combination, a bijection onto its own points. None where the
+    sizes do not line up (static sizes only)."""
+    if isinstance(node.data, Reduction):
+        return None
+    ranges, _ = node.iteration()
+    order = loop_order(node)
+    nt = [ranges[i] for i in order]
+    try:
+        nt_i = [int(s) for s in nt]
+        outer_i = [int(s) for s in outer]
+    except TypeError:
+        return None
+    if len(nt_i) >= len(outer_i):
+        return None
+    index: list[Any] = [0] * len(ranges)
+    j = 0
+    for d, size in zip(order, nt_i):
+        expr: Any = sympy.Integer(0)
+        p = 1
+        while j < len(outer_i) and p < size:
+            expr = expr * outer_i[j] + var(j)
+            p *= outer_i[j]
+            j += 1
+        if p != size:
+            return None
+        index[d] = expr
+    if j != len(outer_i):
+        return None
+    rec = _RecordHandler()
+    with set_ops_handler(rec):
+        node.body(index, [0] * len(node.iteration()[1]))
+    return Member(node, index, [0] * len(node.iteration()[1]), [], rec.loads,
+                  node.layout.index(index))
+
+
 @dataclasses.dataclass
 class LoopBlock:
     inner: list[Any]
@@ -285,12 +324,19 @@ class Scheduler:
             # a reduction may re-split a group of plain pointwise loops at its output space
             if (is_red and len(nt) < k and g.outer[:len(nt)] == nt and len(nt) > 0
                     and all(not m.inner and not isinstance(m.node.data, Reduction)
-                            for m in g.members)):
+                            and loop_sizes(m.node)[:len(nt)] == nt for m in g.members)):
                 members = [_member(m.node, len(nt)) for m in g.members]
                 new = FusedGroup(nt, members)  # type: ignore[arg-type]
                 if self._legal(new, node):
                     g.outer, g.members = new.outer, new.members
                     g.members.append(_member(node, len(nt)))  # type: ignore[arg-type]
+                    return True
+            # a pointwise node over a reshape of a pointwise group's loops (fewer, larger dims)
+            if (not is_red and g.members and all(
+                    not m.inner and not isinstance(m.node.data, Reduction) for m in g.members)):
+                m = _member_refined(node, g.outer)
+                if m is not None and self._legal(g, node, m):
+                    g.members.append(m)
                     return True
             return False
         if k == 0 and nt and 0 not in nt:  # product(nt) > 1, also for symbolic sizes
@@ -300,8 +346,8 @@ class Scheduler:
             return True
         return False
 
-    def _legal(self, g: FusedGroup, node: ComputedBuffer) -> bool:
-        m = _member(node, len(g.outer))
+    def _legal(self, g: FusedGroup, node: ComputedBuffer, m: Member | None = None) -> bool:
+        m = m if m is not None else _member(node, len(g.outer))
         if m is None:
             return False
         stores = {mm.node.name: mm.store_index for mm in g.members}
