@@ -65,3 +65,23 @@ def test_results_equal_eager(shape):
     b = torch.randn(shape[-1])
     got, want = compile_strict(g)(x.float(), b), g(x.float(), b)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def _norm_cast(x, w):
+    y = torch.nn.functional.layer_norm(x.float(), (x.shape[-1],), w)
+    return y.view(-1, y.shape[-1]).to(torch.bfloat16)
+
+
+def test_reshape_after_a_row_reduction_joins_its_rows():
+    """GPT-2's LayerNorm over rows [16, 512] writes float32, cast to bfloat16 over [8192, 768]
+    for the next product: the cast joins the norm's group as a member of its last loop block
+    (outer [4, 6] refined, 10 inner), and the float32 normalized value is never stored."""
+    x, w = torch.randn(4, 6, 10).to(torch.bfloat16), torch.randn(10)
+    sched, groups = _sched(_norm_cast, x, w)
+    assert len(groups) == 1, [[m.node.name for m in g.members] for g in groups]
+    stored = [m.node.name for m in groups[0].members if m.node.name not in sched.local]
+    assert len(stored) == 1, stored
+    for shape in [(4, 6, 10), (3, 1, 7, 33), (2, 5, 300)]:
+        x, w = torch.randn(*shape).to(torch.bfloat16), torch.randn(shape[-1])
+        torch.testing.assert_close(compile_strict(_norm_cast)(x, w), _norm_cast(x, w),
+                                   atol=0, rtol=0)

@@ -337,6 +337,17 @@ def test_split_cuts_a_group_at_its_looped_blocks(monkeypatch):
     assert not any(g.split for g in short)
 
 
+def test_pointwise_across_a_reshape():
+    """A GELU over [4, 6, 10] and its cast over [24, 10]; a LayerNorm over rows [4, 6] and its
+    cast over [24, 10]: each fused into one kernel (scheduler ``_member_refined``)."""
+    def fn(x, w):
+        g = torch.nn.functional.gelu(x, approximate="tanh")
+        n = torch.nn.functional.layer_norm(x, (x.shape[-1],), w)
+        return g.view(-1, 10) * 2, n.reshape(24, 10) + 1
+    x, w = t(4, 6, 10), t(10)
+    assert_same(compile_triton(fn)(x, w), fn(x, w), atol=1e-5, rtol=1e-5)
+
+
 def test_repeated_layers_share_one_kernel_definition():
     """Layers identical but for their buffers: one kernel in the module, called once per layer
     with that layer's arguments (codegen/triton.py ``_canonical_kernel``)."""

@@ -127,42 +127,50 @@ def _member(node: ComputedBuffer, k: int) -> Member | None:
 
 
 def _member_refined(node: ComputedBuffer, outer: list[Any]) -> Member | None:
-    """A pointwise ``node`` over the loops ``outer`` of a group whose loops refine its own: each
-    of its loop dims (outermost first) is the product of a run of consecutive ``outer`` dims
-    (a [8192, 3072] copy after a [16, 512, 3072] GELU: the reshape between them). Its index
-    is then that run's row-major combination, a bijection onto its own points. None where the
-    sizes do not line up (static sizes only)."""
+    """A pointwise ``node`` in a group whose outer loops refine its own leading loops: each of
+    its loop dims (outermost first) is the product of a run of consecutive ``outer`` dims until
+    ``outer`` is used up (a [8192, 3072] cast after a [16, 512, 3072] GELU; a [8192, 768] cast
+    after a LayerNorm over rows [16, 512]: the reshape between them), its remaining dims its
+    inner loops. Its index is each run's row-major combination, a bijection onto its own
+    points. None where the sizes do not line up (static sizes only)."""
     if isinstance(node.data, Reduction):
         return None
-    ranges, _ = node.iteration()
+    ranges, rranges = node.iteration()
     order = loop_order(node)
     nt = [ranges[i] for i in order]
     try:
-        nt_i = [int(s) for s in nt]
-        outer_i = [int(s) for s in outer]
+        nt_i = [int(x) for x in nt]
+        outer_i = [int(x) for x in outer]
     except TypeError:
         return None
-    if len(nt_i) >= len(outer_i):
+    if not outer_i:
         return None
     index: list[Any] = [0] * len(ranges)
+    inner: list[Any] = []
     j = 0
-    for d, size in zip(order, nt_i):
+    merged = False
+    for d, size, size_i in zip(order, nt, nt_i):
+        if j == len(outer_i):  # outer used up: an inner loop
+            index[d] = rvar(len(inner))
+            inner.append(size)
+            continue
         expr: Any = sympy.Integer(0)
-        p = 1
-        while j < len(outer_i) and p < size:
+        p, first = 1, j
+        while j < len(outer_i) and p < size_i:
             expr = expr * outer_i[j] + var(j)
             p *= outer_i[j]
             j += 1
-        if p != size:
+        if p != size_i or j == first:
             return None
+        merged = merged or j - first > 1
         index[d] = expr
-    if j != len(outer_i):
-        return None
+    if j != len(outer_i) or not merged:
+        return None  # no run of dims: equal sizes join the usual way
+    rindex = [0] * len(rranges)
     rec = _RecordHandler()
     with set_ops_handler(rec):
-        node.body(index, [0] * len(node.iteration()[1]))
-    return Member(node, index, [0] * len(node.iteration()[1]), [], rec.loads,
-                  node.layout.index(index))
+        node.body(index, rindex)
+    return Member(node, index, rindex, inner, rec.loads, node.layout.index(index))
 
 
 @dataclasses.dataclass
@@ -331,9 +339,8 @@ class Scheduler:
                     g.outer, g.members = new.outer, new.members
                     g.members.append(_member(node, len(nt)))  # type: ignore[arg-type]
                     return True
-            # a pointwise node over a reshape of a pointwise group's loops (fewer, larger dims)
-            if (not is_red and g.members and all(
-                    not m.inner and not isinstance(m.node.data, Reduction) for m in g.members)):
+            # a pointwise node over a reshape of the group's outer loops (fewer, larger dims)
+            if not is_red and g.members:
                 m = _member_refined(node, g.outer)
                 if m is not None and self._legal(g, node, m):
                     g.members.append(m)
