@@ -337,6 +337,38 @@ def test_split_cuts_a_group_at_its_looped_blocks(monkeypatch):
     assert not any(g.split for g in short)
 
 
+def test_cuda_reduction_tiles_for_rows_side_by_side(monkeypatch):
+    """GPU kernels of reductions generated from fake CUDA tensors (no GPU needed): a column sum
+    of [8192, 768] (a bias gradient: rows side by side in memory) gets tiles across 64 rows
+    among the candidates tuning times; a [40000, 3] column sum (3 rows) is split into parts
+    filling the GPU, its first kernel tiled across the rows."""
+    import ast
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from ember_inductor.compile_fx import generate_source
+    from ember_inductor.decompositions import decompositions
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # the GPU's configurations, not the interpreter's
+
+    def kernels(shape):
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            gm = make_fx(lambda x: (x * 2).sum(0), decomposition_table=decompositions())(
+                torch.empty(*shape, device="cuda"))
+        src, _ = generate_source(gm, key=f"cols-{shape}")
+        table = src.split("KERNELS = ", 1)[1].split("\n", 1)[0]
+        return ast.literal_eval(table)
+
+    col = [k for k in kernels((8192, 768)).values() if "RBLOCK" in k["config"]]
+    assert len(col) == 1 and col[0]["grid"] == "1d"
+    assert any(c["XBLOCK"] == 64 for c in col[0]["candidates"][:2]), col[0]
+    split = kernels((40000, 3))
+    part = [k for k in split.values() if k["grid"] == "split"]
+    assert len(part) == 1 and part[0]["config"]["XBLOCK"] == 4, part
+    assert int(part[0]["numels"][1]) >= 8, part  # parts per row
+
+
 def test_pointwise_across_a_reshape():
     """A GELU over [4, 6, 10] and its cast over [24, 10]; a LayerNorm over rows [4, 6] and its
     cast over [24, 10]: each fused into one kernel (scheduler ``_member_refined``)."""

@@ -308,6 +308,10 @@ class Scheduler:
                     step.groups = [p for g in step.groups for p in self._split_long_rows(g)]
                 for g in step.groups:
                     self._blocks(g)
+                    # (a hint for the kernel's tile candidates) before loops merge
+                    g.xcontig = g.xcontig or any(
+                        _x_contiguous(b, len(g.outer)) for b in g.blocks
+                        if b.inner and any(isinstance(m.node.data, Reduction) for m in b.members))
                     merge_loops(g)
                 self._region_io(step)
 

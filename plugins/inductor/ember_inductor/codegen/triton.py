@@ -979,6 +979,9 @@ class TritonKernel:
                 cands = [{"XBLOCK": x, "RBLOCK": r, "num_warps": w}
                          for x, r, w in ((1, 1024, 8), (1, 2048, 8), (4, 256, 4), (8, 128, 4),
                                          (2, 512, 4))]
+                if g.xcontig:  # rows side by side (a bias gradient): tiles across rows first
+                    cands = _split_configs(xn, True, False)[1][:1] + [
+                        _split_configs(xn, True, False)[0]] + cands
         self.persistent = persistent
         return self._finish(["XBLOCK", "RBLOCK"], "1d", cfg, cands, [xnumel])
 
