@@ -308,6 +308,19 @@ def test_split_batch_norm_training(monkeypatch, channels_last):
     assert_same(got, want, atol=1e-4, rtol=1e-4)
 
 
+def test_split_with_symbolic_sizes(monkeypatch):
+    """Parts are chosen from the example sizes; each part's range is computed from the sizes
+    of the call: one compiled graph serves other batch sizes."""
+    _force_split(monkeypatch)
+
+    def fn(x):
+        return x.sum(0), torch.var_mean(x, dim=0), x.amax()
+    f = compile_triton(fn, dynamic=True)
+    for n in (3000, 2100, 4500):
+        x = t(n, 5)
+        assert_same(f(x), fn(x), atol=1e-4, rtol=1e-4)
+
+
 def test_split_cuts_a_group_at_its_looped_blocks(monkeypatch):
     """The scheduler cuts a group whose looped blocks all split (a variance: the mean's sum,
     then the squares' sum reading it) into one group per block, and leaves others whole."""
