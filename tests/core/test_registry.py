@@ -68,7 +68,7 @@ def test_first_party_backends_are_discovered_with_their_distribution():
 def test_list_backends_hides_experimental_by_default():
     default = list_backends()
     assert {"eager", "aot_eager"} <= set(default)
-    assert "inductor" in default and "cudagraphs" not in default  # experimental (H200 crash)
+    assert "inductor" in default and "cudagraphs" in default  # first-party, no longer tagged
     register_backend("exp_backend", passthrough, tags=("experimental",), override=True)
     assert "exp_backend" not in list_backends()
     assert "exp_backend" in list_backends(exclude_tags=())
