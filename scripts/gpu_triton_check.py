@@ -83,12 +83,19 @@ def launch_overhead():
     consts = {kk: v for kk, v in k.config.items() if kk not in ("num_warps", "num_stages")}
     r = {
         "launcher_us": per_call_us(lambda: k(1024, x, out)),
+        "ember_c_launcher": k._plan is not None,
         "triton_jit_us": per_call_us(lambda: k.fn[(1,)](x, out, **consts)),
         "eager_op_us": per_call_us(lambda: torch.add(x, 1, out=out)),
         "wrapper_us": per_call_us(lambda: call(x)),
         "fast_path": k._run is not None,
         "counters": dict(rt.counters),
     }
+    if k._plan is not None:  # the same kernel through Triton's launcher (the A/B of cuda_launch)
+        plan, k._plan = k._plan, None
+        k._fast = k._specialize()
+        r["triton_launcher_us"] = per_call_us(lambda: k(1024, x, out))
+        k._plan = plan
+        k._fast = k._specialize()
 
     def g(x, y):
         return torch.relu(x * y + 1).sum(-1)

@@ -45,6 +45,17 @@ GRAPHS = {
 }
 
 
+def ptx_param_sizes(ck):
+    """The byte sizes of a compiled kernel's parameters, from its PTX entry."""
+    import re
+
+    ptx = ck.asm["ptx"]
+    head = ptx[ptx.index(".entry"):]
+    head = head[:head.index(")")]
+    sizes = {"8": 1, "16": 2, "32": 4, "64": 8}
+    return [sizes[b] for b in re.findall(r"\.param\s+\.[a-z]+?(8|16|32|64)\b", head)]
+
+
 def _nvidia():
     try:
         import triton  # noqa: F401
@@ -68,8 +79,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from triton.backends.compiler import GPUTarget
 from ember_inductor.compile_fx import generate_source
 from ember_inductor.decompositions import decompositions
-from ember_inductor.runtime import triton as rt
-from test_triton_gpu_build import GRAPHS
+from ember_inductor.runtime import cuda_launch, triton as rt
+from test_triton_gpu_build import GRAPHS, ptx_param_sizes
 
 out = {"compiled": [], "errors": []}
 for name, (fn, make) in sorted(GRAPHS.items()):
@@ -88,6 +99,15 @@ for name, (fn, make) in sorted(GRAPHS.items()):
                                         options=rt._options(cfg))
                     assert ck.asm.get("cubin")
                     out["compiled"].append(f"{name}/{kname}/sm{arch}")
+                    # Ember's C launcher accepts what Triton compiled: the kernel's parameters,
+                    # then at most two scratch pointers, which this kernel does not use
+                    layout = cuda_launch.param_layout(spec["signature"], ptx_param_sizes(ck))
+                    md = ck.metadata
+                    if isinstance(layout, str) or getattr(md, "global_scratch_size", 0) or \
+                            getattr(md, "profile_scratch_size", 0):
+                        out["errors"].append(f"{name}/{kname}: Ember's launcher refuses: {layout}")
+                    else:
+                        out.setdefault("scratch", []).append(layout[1])
                 except Exception as e:
                     out["errors"].append(f"{name}/{kname}/sm{arch} {cfg}: {type(e).__name__}: {str(e)[:800]}")
     if name == "rows":  # Ember's binary cache: store, load back (no compile), corrupt -> miss
@@ -223,6 +243,8 @@ def test_kernels_compile_for_gpu_and_cache_roundtrip(tmp_path, py):
     out = json.loads(line[-1][7:])
     assert not out["errors"], "\n".join(out["errors"])
     assert len(out["compiled"]) >= 12, out["compiled"]
+    # every kernel's compiled parameters are ones Ember's launcher passes (one scratch count)
+    assert len(out["scratch"]) == len(out["compiled"]) and len(set(out["scratch"])) == 1, out
     assert any("_fin/" in c for c in out["compiled"]), "no split reduction was built"
     assert out["roundtrip"] and out["corrupt_is_miss"], out
     # built by worker processes, loaded here without compiling

@@ -24,7 +24,9 @@ choices on disk, launch without Triton's per-call dispatch.
 * ``ember.precompile``: :func:`artifact_entries` (the binaries and choices an artifact carries)
   and :func:`install_artifact` (into this machine's cache when the artifact loads).
 * Launch: a :class:`Launcher` call computes the grid from the sizes the wrapper passes and calls
-  the compiled kernel's launcher (``CompiledKernel.run``) positionally: no argument binding, no
+  Ember's C launcher (:mod:`.cuda_launch`: one C call to ``cuLaunchKernel``, the parameter list
+  confirmed by the driver when the kernel loads), or where that is not available the compiled
+  kernel's own launcher (``CompiledKernel.run``) positionally: no argument binding, no
   specialization and no cache lookup per call. Under ``TRITON_INTERPRET=1`` (CPU tensors) it
   calls the interpreted kernel (``kernel[grid](...)``).
 """
@@ -63,11 +65,12 @@ log = logging.getLogger("ember.inductor.triton")
 #: what this process did: ``compiles`` (triton.compile runs), ``disk_hits`` (binaries loaded from
 #: Ember's cache), ``tuned`` (kernels tuned by timing), ``tune_hits`` (choices read from the
 #: cache), ``fast_launchers`` / ``jit_launchers`` (kernels launched by the precomputed path or
-#: through Triton's JIT call), ``fallbacks`` (kernels whose ahead build failed: JIT call),
+#: through Triton's JIT call; ``direct_launchers``: of the fast ones, those launched by Ember's
+#: own C launcher, :mod:`.cuda_launch`), ``fallbacks`` (kernels whose ahead build failed: JIT call),
 #: ``pool_builds`` (kernels compiled by worker processes, :func:`prebuild`).
 counters: dict[str, int] = {"compiles": 0, "disk_hits": 0, "tuned": 0, "tune_hits": 0,
                             "fast_launchers": 0, "jit_launchers": 0, "fallbacks": 0,
-                            "pool_builds": 0}
+                            "pool_builds": 0, "direct_launchers": 0}
 
 _modules: dict[str, Any] = {}
 _lock = threading.Lock()
@@ -506,6 +509,7 @@ class Launcher:
         # parameters read and then written over (codegen/triton.py KernelSpec.inout)
         self._inout = [spec["params"].index(p) for p in spec.get("inout", ())]
         self._fast: Any = None
+        self._plan: bytes | None = None  # cuda_launch.plan: launched by Ember's C launcher
         self._device = 0
         self._tuned = False
 
@@ -537,8 +541,16 @@ class Launcher:
                 log.info("Triton kernel %s has no loaded function: Triton's launch path",
                          self.name)
                 self._run = None
+        self._plan = None
+        if self._run is not None:
+            # Ember's own C launcher where the driver confirms the kernel's parameters
+            from . import cuda_launch
+
+            self._plan = cuda_launch.plan(self.ck, self.spec["signature"], self._device)
         self._fast = self._specialize() if self._run is not None else None
         counters["fast_launchers" if self._run is not None else "jit_launchers"] += 1
+        if self._plan is not None:
+            counters["direct_launchers"] += 1
 
     def _specialize(self) -> Any:
         """A function made for this kernel and configuration: ``f(*numels, *args)`` computes
@@ -564,11 +576,18 @@ class Launcher:
             lines.append(f"        return slow(({', '.join(nums)},), ({', '.join(names)},))")
         lines.append(f"    g = {grid}")
         lines.append("    if g:")
-        lines.append(f"        run(g, 1, 1, stream(dev), function, meta, None, None, None, "
-                     f"{', '.join(names + [repr(c) for c in self.consts])})")
-        ns: dict[str, Any] = {"run": self._run, "stream": _stream, "dev": self._device,
+        if self._plan is not None:  # Ember's launcher: the kernel's parameters only
+            from .cuda_launch import module
+
+            run = module().launch
+            lines.append(f"        run(plan, g, stream(dev), {', '.join(names)})")
+        else:  # Triton's launcher: its header arguments, then every argument, constexprs too
+            run = self._run
+            lines.append(f"        run(g, 1, 1, stream(dev), function, meta, None, None, None, "
+                         f"{', '.join(names + [repr(c) for c in self.consts])})")
+        ns: dict[str, Any] = {"run": run, "stream": _stream, "dev": self._device,
                               "function": self.ck.function, "meta": self.ck.packed_metadata,
-                              "slow": self._slow_unaligned}
+                              "plan": self._plan, "slow": self._slow_unaligned}
         exec("\n".join(lines), ns)  # noqa: S102 - generated from the spec, no user input
         return ns["launch"]
 
