@@ -630,9 +630,15 @@ def main(argv: list[str] | None = None) -> int:
                    help='options of every Ember compile, as JSON: \'{"cpu_codegen": "triton"}\'')
     p.add_argument("--dynamic", action="store_true",
                    help="compile with dynamic=True (every size symbolic)")
+    p.add_argument("--dtype", default="float32",
+                   help="the samples' dtype (float32, float64, int64, int32, uint8, bool, ...); "
+                        "not a floating dtype: no gradients")
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
-    global GRAD, INPLACE, DYNAMIC
+    global GRAD, INPLACE, DYNAMIC, DTYPE
+    DTYPE = getattr(torch, args.dtype)
+    if not DTYPE.is_floating_point:
+        GRAD = False
     if args.dynamic:
         DYNAMIC = True
     if args.no_grad:
