@@ -26,13 +26,13 @@ Triton's launcher is used and the reason is logged once.
 
 from __future__ import annotations
 
-import functools
 import importlib.machinery
 import importlib.util
 import logging
 import os
 import struct
 import sysconfig
+import threading
 from typing import Any, Sequence
 
 log = logging.getLogger("ember.inductor.triton")
@@ -219,9 +219,24 @@ extern "C" PyObject *PyInit__ember_cuda_launch(void) { return PyModule_Create(&m
 """
 
 
-@functools.lru_cache(None)
+_lock = threading.Lock()
+_opened: dict[str, Any] = {}
+
+
 def module() -> Any:
-    """The built and loaded extension with the driver opened, or None (the reason logged)."""
+    """The built and loaded extension with the driver opened, or None (the reason logged);
+    once per process (``module.cache_clear()`` forgets it)."""
+    if "mod" not in _opened:
+        with _lock:  # kernels load in threads: one build, one load
+            if "mod" not in _opened:
+                _opened["mod"] = _open()
+    return _opened["mod"]
+
+
+module.cache_clear = _opened.clear  # type: ignore[attr-defined]
+
+
+def _open() -> Any:
     path = os.environ.get("EMBER_LIBCUDA", "libcuda.so.1")
     try:
         from .cache import compile_cpp
