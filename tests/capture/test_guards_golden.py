@@ -104,12 +104,14 @@ GOLDEN = {
     'module': (
         'def ___entry(___fn, self, x):\n'
         '    try:\n'
-        "        if not (not (self)._forward_pre_hooks and not (self)._forward_hooks and not (self)._backward_hooks and not (self)._backward_pre_hooks and 'forward' not in (self).__dict__ and type(self).forward is ___fn and\n"
+        '        if not (___fn.__globals__ is ___G and\n'
+        "            not (self)._forward_pre_hooks and not (self)._forward_hooks and not (self)._backward_hooks and not (self)._backward_pre_hooks and 'forward' not in (self).__dict__ and type(self).forward is ___fn and\n"
         '            not (___torch.nn.modules.module._global_forward_hooks or ___torch.nn.modules.module._global_forward_pre_hooks or ___torch.nn.modules.module._global_backward_hooks or ___torch.nn.modules.module._global_backward_pre_hooks) and\n'
         '            ___torch.is_grad_enabled() is False and\n'
         '            ___torch.get_default_dtype() is ___dtype_0 and\n'
         "            not ___torch.is_autocast_enabled('cpu') and\n"
         "            not ___torch.is_autocast_enabled('cuda') and\n"
+        "            (___G['torch']) is ___torch_1 and\n"
         '            (self) is ___Block_3 and\n'
         "            (self._modules['fc']) is ___Linear_4 and\n"
         '            type(x) is ___Tensor_5 and (x).dtype is ___dtype_0 and (x).device == ___device_6 and (x).shape == (2, 4) and (x).stride() == (4, 1) and (x).requires_grad is False and\n'

@@ -1417,10 +1417,16 @@ class Frame:
             return self.tracer.out.global_stores[name]
         if name in g:
             value = g[name]
-            trusted = isinstance(value, types.ModuleType) and value.__name__.startswith(
-                rules.TRUSTED_MODULE_PREFIXES) or (getattr(value, "__module__", None) or
-                                                  "").startswith(("torch", "builtins"))
-            if trusted and not isinstance(value, (torch.Tensor, torch.nn.Module)):
+            # A global of the user's code is read through its source and guarded, torch's own
+            # objects too: a module-level ``ACT = torch.relu`` or ``DTYPE = torch.float16``
+            # rebound later (``torch.tanh``, ``torch.int64``) must recompile, not replay the old
+            # graph (identity guards for modules, classes and functions; dtypes and other
+            # constants by value, where the value was used). Only torch's own modules' globals
+            # (``F`` in torch.nn.modules.linear) are trusted to stay what they were: no guard.
+            mod = str(g.get("__name__", ""))
+            if (mod.split(".", 1)[0] in rules.TRUSTED_MODULE_PREFIXES
+                    or mod.startswith("transformers.utils.")) and \
+                    not isinstance(value, (torch.Tensor, torch.nn.Module)):
                 return self.tracer.wrap(value, Global(self.globals_source, name), guard=False) \
                     if isinstance(value, (types.ModuleType, type)) else self.tracer.wrap(
                         value, None)
