@@ -419,3 +419,21 @@ def test_dense_stride_gives_a_broadcast_dim_no_place_in_the_order() -> None:
     assert dense_stride([2, 8, 4], [1, 0, 2]) == [1, 2, 16]  # the other dims keep their order
     assert dense_stride([4, 3, 5], [1, 20, 4]) == [1, 20, 4]  # dense: kept
     assert dense_stride([4, 3, 5], [1, 40, 8]) == [1, 20, 4]  # strided: dense in its order
+
+
+@pytest.mark.parametrize("codegen", CODEGENS)
+def test_uint8_any_all_and_negative_scalars_follow_eager(codegen: str) -> None:
+    # found by the OpInfo sweep with uint8 samples (tests/opinfo/sweep.py --dtype uint8): ATen's
+    # any/all of uint8 are uint8, Ember's were bool; a negative scalar with a uint8 tensor
+    # (index_add's alpha=-1, x - 1 written as x + -1) is converted to uint8 as eager converts it
+    # (255): the Triton target wrote -1, which Triton refuses with an unsigned operand
+    def f(x: torch.Tensor, i: torch.Tensor, s: torch.Tensor) -> Any:
+        return (torch.any(x), torch.all(x, 1), x.any(dim=0, keepdim=True),
+                torch.index_add(x, 0, i, s, alpha=-1), x * -3, x.to(torch.int8) * -2)
+
+    x = torch.tensor([[0, 3, 250], [1, 0, 7]], dtype=torch.uint8)
+    i = torch.tensor([1, 0])
+    s = torch.tensor([[5, 6, 7], [8, 9, 10]], dtype=torch.uint8)
+    got, want = compile_strict(f, {"cpu_codegen": codegen})(x, i, s), f(x, i, s)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and torch.equal(g, w), (g, w)

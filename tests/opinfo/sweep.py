@@ -383,7 +383,8 @@ def _within_fp32_error(case: Case, got: Run, ref: Run, multiplier: float = 2.0,
         if not isinstance(e, torch.Tensor) or not e.is_floating_point():
             continue
         if not isinstance(a, torch.Tensor) or not isinstance(f, torch.Tensor) \
-                or a.shape != f.shape or not torch.equal(torch.isnan(a), torch.isnan(e)):
+                or a.shape != f.shape or a.dtype != e.dtype \
+                or not torch.equal(torch.isnan(a), torch.isnan(e)):
             return False
         if e.dtype != torch.float32:
             if not torch.allclose(a.detach(), e.detach(), equal_nan=True):

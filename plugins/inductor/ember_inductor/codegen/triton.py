@@ -197,7 +197,18 @@ def literal(value: Any, dtype: torch.dtype) -> str:
         if math.isinf(v):
             return f'float("{"-" if v < 0 else ""}inf")'
         return repr(v)
-    return str(int(value))
+    v = int(value)
+    if dtype in _INT_BITS:  # a Python int converted to the dtype as eager converts it
+        bits, signed = _INT_BITS[dtype]
+        v %= 1 << bits  # (uint8: -1 is 255; Triton refuses a negative scalar with unsigned)
+        if signed and v >= 1 << (bits - 1):
+            v -= 1 << bits
+    return str(v)
+
+
+#: integer dtypes narrower than 64 bits: (bits, signed)
+_INT_BITS = {torch.uint8: (8, False), torch.int8: (8, True), torch.int16: (16, True),
+             torch.int32: (32, True)}
 
 
 def _nan_literal(v: float, dtype: torch.dtype) -> str:

@@ -152,16 +152,24 @@ def amin(x: Any, dims: Any = (), keepdim: bool = False) -> Any:
     return reduce(x, _dims(x, dims), keepdim, "min", x.dtype)
 
 
+def _logical_reduction(x: Any, dim: Any, keepdim: bool, rtype: str) -> Any:
+    r = reduce(x, _dims(x, dim), keepdim, rtype, torch.bool,
+               value_fn=lambda v: ops.to_dtype(v, torch.bool))
+    if meta().dtype != torch.bool:  # ATen's any/all of uint8 are uint8 (0 or 1), not bool
+        from .common import pointwise
+
+        return pointwise(lambda v: v, [r])
+    return r
+
+
 @register(aten.any.dim, aten.any.default, aten.any.dims)
 def any_(x: Any, dim: Any = None, keepdim: bool = False) -> Any:
-    return reduce(x, _dims(x, dim), keepdim, "any", torch.bool,
-                  value_fn=lambda v: ops.to_dtype(v, torch.bool))
+    return _logical_reduction(x, dim, keepdim, "any")
 
 
 @register(aten.all.dim, aten.all.default, aten.all.dims)
 def all_(x: Any, dim: Any = None, keepdim: bool = False) -> Any:
-    return reduce(x, _dims(x, dim), keepdim, "all", torch.bool,
-                  value_fn=lambda v: ops.to_dtype(v, torch.bool))
+    return _logical_reduction(x, dim, keepdim, "all")
 
 
 def _arg(x: Any, dim: Any, keepdim: bool, rtype: str) -> Any:

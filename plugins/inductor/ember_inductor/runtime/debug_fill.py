@@ -5,7 +5,8 @@ with a fill pattern before a kernel writes it: floats with a quiet NaN of a dist
 integers and bools with the byte ``0xE5`` repeated. After each kernel, the buffers it should have
 written are checked for that exact bit pattern, and so is every output of the call (a training
 forward's outputs include what it saves for the backward). A hit raises :class:`UnwrittenMemory`,
-naming the graph, the buffer and the kernel that should have written it. The inputs' strides are
+naming the graph, the buffer and the kernel that should have written it (8-bit integer buffers are
+filled but not checked: 0xE5 is one of their values). The inputs' strides are
 checked too: a kernel indexes an input by the strides the graph was compiled for, and reads past
 its end when a producer (a forward's saved activation) has others.
 
@@ -70,9 +71,14 @@ def fill_all(buffers: Sequence[torch.Tensor]) -> None:
         fill(t)
 
 
+#: filled but not checked: every byte is a valid 8-bit integer, so the pattern is a value real
+#: results hold (a sort of random uint8 values has 1 in 256 of them equal to 0xE5)
+UNCHECKED = (torch.uint8, torch.int8)
+
+
 def _first_hit(t: torch.Tensor) -> tuple[int, list[int]] | None:
     b = _bits(t)
-    if b is None or not t.numel():
+    if b is None or not t.numel() or t.dtype in UNCHECKED:
         return None
     hit = b == PATTERNS[t.dtype][1]
     n = int(hit.sum())
