@@ -13,7 +13,7 @@ from ..virtualized import ops
 from .registry import Unsupported, current
 
 __all__ = ["meta", "shape_of", "size_value", "is_size_expr", "loader", "pointwise", "promote",
-           "scalar_dtype", "is_value", "SUPPORTED_DTYPES"]
+           "scalar_dtype", "is_value", "SUPPORTED_DTYPES", "wrapped_scalars"]
 
 SUPPORTED_DTYPES = {torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64,
                     torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool}
@@ -58,6 +58,21 @@ def scalar_dtype(x: Any) -> torch.dtype:
     if isinstance(x, float):
         return torch.float64
     raise Unsupported(f"scalar of type {type(x).__name__}")
+
+
+def wrapped_scalars(inputs: Sequence[Any], dtype: torch.dtype | None = None) -> list[Any]:
+    """``inputs`` with each Python number as eager's TensorIterator takes it into an op computed
+    in the 16-bit float ``dtype`` (default: the node's): a wrapped number converted to that dtype
+    first (``half_x - 0.1`` subtracts half(0.1), so ``half(0.1) - 0.1`` is 0 and
+    ``half(0.1) == 0.1`` is true). The kernels compute 16-bit values in float32, where the
+    constant kept every bit. Only for ops whose eager kernel reads the converted scalar (add, sub,
+    the comparisons, fmod, remainder, pow); mul and div read the original value (in float32)."""
+    if dtype is None:
+        dtype = meta().dtype
+    if dtype not in (torch.float16, torch.bfloat16):
+        return list(inputs)
+    return [float(torch.tensor(x, dtype=dtype).item())
+            if isinstance(x, (int, float)) and not isinstance(x, bool) else x for x in inputs]
 
 
 def promote(*xs: Any) -> torch.dtype:

@@ -11,7 +11,7 @@ from ..ir import Pointwise
 from ..virtualized import ops
 from ..sizes import to_expr
 from .common import (check_dtype, is_size_expr, is_value, loader, meta, pointwise, promote,
-                     shape_of)
+                     shape_of, wrapped_scalars)
 from .registry import Unsupported, register
 
 aten = torch.ops.aten
@@ -58,15 +58,23 @@ def _predicate(name: str) -> Any:
     return lower
 
 
+#: binary ops whose eager kernel takes a Python scalar converted to the tensor's dtype
+_WRAPPED_SCALAR = {"remainder", "fmod"}
+
+
 def _binary(name: str) -> Any:
     def lower(a: Any, b: Any) -> Any:
+        if name in _WRAPPED_SCALAR:
+            a, b = wrapped_scalars([a, b])
         return pointwise(lambda x, y: getattr(ops, name)(x, y), [a, b])
     return lower
 
 
 def _compare(name: str) -> Any:
     def lower(a: Any, b: Any) -> Any:
-        return pointwise(lambda x, y: getattr(ops, name)(x, y), [a, b], compute_dtype=promote(a, b),
+        dt = promote(a, b)
+        a, b = wrapped_scalars([a, b], dt)
+        return pointwise(lambda x, y: getattr(ops, name)(x, y), [a, b], compute_dtype=dt,
                          out_dtype=torch.bool)
     return lower
 
@@ -88,6 +96,7 @@ def _check_no_out(kwargs: dict[str, Any]) -> None:
 
 @register(aten.add.Tensor, aten.add.Scalar)
 def add(a: Any, b: Any, alpha: Any = 1) -> Any:
+    a, b, alpha = wrapped_scalars([a, b, alpha])
     if alpha == 1:
         return pointwise(lambda x, y: ops.add(x, y), [a, b])
     return pointwise(lambda x, y, al: ops.add(x, ops.mul(y, al)), [a, b, alpha])
@@ -95,6 +104,7 @@ def add(a: Any, b: Any, alpha: Any = 1) -> Any:
 
 @register(aten.sub.Tensor, aten.sub.Scalar)
 def sub(a: Any, b: Any, alpha: Any = 1) -> Any:
+    a, b, alpha = wrapped_scalars([a, b, alpha])
     if alpha == 1:
         return pointwise(lambda x, y: ops.sub(x, y), [a, b])
     return pointwise(lambda x, y, al: ops.sub(x, ops.mul(y, al)), [a, b, alpha])
@@ -121,6 +131,7 @@ def true_divide(a: Any, b: Any) -> Any:
 @register(aten.pow.Tensor_Scalar)
 def pow_tensor_scalar(a: Any, e: Any) -> Any:
     dt = meta().dtype
+    (e,) = wrapped_scalars([e], dt)  # eager's float16 x ** 3.14159 raises to half(3.14159)
     if isinstance(e, (int, float)) and dt.is_floating_point:
         if e == 2:
             return pointwise(lambda x: ops.mul(x, x), [a])
@@ -141,6 +152,7 @@ def pow_tensor_scalar(a: Any, e: Any) -> Any:
 
 @register(aten.pow.Tensor_Tensor, aten.pow.Scalar)
 def pow_(a: Any, b: Any) -> Any:
+    a, b = wrapped_scalars([a, b])
     return pointwise(lambda x, y: ops.pow(x, y), [a, b])
 
 

@@ -104,7 +104,10 @@ def _acc_to_out(buf: Any, out_dtype: torch.dtype) -> Any:
     return Pointwise(buf.device, out_dtype, buf.get_size(), lambda i: ops.to_dtype(ld(i), out_dtype))
 
 
-def _sum(x: Any, dims: Any, keepdim: bool, out_dtype: torch.dtype) -> Any:
+def _sum(x: Any, dims: Any, keepdim: bool, out_dtype: torch.dtype,
+         result_dtype: torch.dtype | None = None) -> Any:
+    """The sum of ``x`` (as ``out_dtype``) over ``dims``, as ``result_dtype`` (default
+    ``out_dtype``; the accumulator's dtype keeps the sum unrounded)."""
     acc = acc_dtype(out_dtype, "sum")
     if is_value(x) and x.dtype != out_dtype:
         xl = x
@@ -112,7 +115,7 @@ def _sum(x: Any, dims: Any, keepdim: bool, out_dtype: torch.dtype) -> Any:
                       (lambda ld: lambda i: ops.to_dtype(ld(i), out_dtype))(xl.make_loader()),
                       xl.op_count() + 1)
     buf = reduce(x, _dims(x, dims), keepdim, "sum", acc)
-    return _acc_to_out(buf, out_dtype)
+    return _acc_to_out(buf, out_dtype if result_dtype is None else result_dtype)
 
 
 @register(aten.sum.dim_IntList, aten.sum.default)
@@ -127,10 +130,13 @@ def mean(x: Any, dims: Any = None, keepdim: bool = False, dtype: Any = None) -> 
         raise Unsupported("integer mean")
     d = _dims(x, dims)
     n = product([x.get_size()[i] for i in d]) if x.get_size() else 1
-    s = _sum(x, d, keepdim, out_dtype)
+    # divided in the sum's accumulator dtype, rounded once: as eager's mean of float16/bfloat16
+    # (a float16 sum above 65504 was inf before the division)
+    acc = acc_dtype(out_dtype, "sum")
+    s = _sum(x, d, keepdim, out_dtype, acc)
     ld = s.make_loader()
-    return Pointwise(x.device, out_dtype, s.get_size(),
-                     lambda i: ops.truediv(ld(i), size_value(n, out_dtype)), 2)
+    return Pointwise(x.device, out_dtype, s.get_size(), lambda i: ops.to_dtype(
+        ops.truediv(ld(i), size_value(n, acc)), out_dtype), 2)
 
 
 @register(aten.prod.dim_int, aten.prod.default)

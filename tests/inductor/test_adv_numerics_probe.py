@@ -1,0 +1,63 @@
+"""Wrong results found by adversarial numeric probes (fused chains and edge values the OpInfo
+samples do not reach), one test per cause, on both code generators (the Triton target under
+Triton's interpreter here). Each asserts eager's answer and failed before its fix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from inductor_util import compile_strict
+
+CODEGENS = ["cpp", "triton"]
+
+
+def _equal(got: Any, want: Any, close: bool = False) -> None:
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape, (g, w)
+        if close and w.is_floating_point():
+            torch.testing.assert_close(g, w, equal_nan=True)  # bfloat16's default tolerances
+            continue
+        assert torch.equal(g.isnan(), w.isnan()) if w.is_floating_point() else True
+        keep = ~w.isnan() if w.is_floating_point() else torch.ones_like(w, dtype=torch.bool)
+        assert torch.equal(g[keep], w[keep]), (g, w)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("codegen", CODEGENS)
+def test_python_scalars_are_rounded_to_16_bit_as_eager_rounds_them(codegen: str,
+                                                                    dtype: torch.dtype) -> None:
+    # Eager converts a Python number to the tensor's dtype before add, sub, the comparisons,
+    # fmod, remainder and pow (mul and div read it unconverted). The kernels compute 16-bit
+    # values in float32, where the constant kept all its bits: half(0.1) - 0.1 was -2.4e-5
+    # (eager: 0), half(0.1) == 0.1 false (eager: true), fmod(half(pi), pi) was pi (eager: 0),
+    # 1.0001 ** x not 1.
+    def f(x: torch.Tensor) -> Any:
+        return (x - 0.1, 0.1 - x, x + 0.1, torch.add(x, x, alpha=0.1), x == 0.1, x != 0.1,
+                x < 0.1, x >= 3.14159265, torch.fmod(x, 3.14159265), torch.remainder(x, 0.1),
+                x * 1.0001, x / 3.14159265, x == 1001, x.abs() ** 3.14159265, 1.0001 ** x)
+
+    x = torch.tensor([0.1, 3.14159265, -0.1, 1.0, 1000.0, 1001.0, 65.0, 0.3], dtype=dtype)
+    # Triton's interpreter converts float32 to bfloat16 by truncation (a GPU rounds): values
+    # within bfloat16's tolerance there (an unrounded 0.1 still misses: 1e-4 from 0)
+    _equal(compile_strict(f, {"cpu_codegen": codegen})(x), f(x),
+           close=codegen == "triton" and dtype == torch.bfloat16)
+
+
+@pytest.mark.parametrize("codegen", CODEGENS)
+def test_mean_of_float16_divides_before_rounding(codegen: str) -> None:
+    # the float32 sum was rounded to float16 before the division: 24 values of 3000 have a sum
+    # above 65504 and their mean was inf (eager: 3000)
+    def f(x: torch.Tensor) -> Any:
+        return (x.mean(), x.mean(0), x.view(4, 6).mean(1, keepdim=True), x.view(4, 6).mean(0))
+
+    x = torch.full((24,), 3000.0, dtype=torch.float16)
+    x[::5] = 2000.0
+    got, want = compile_strict(f, {"cpu_codegen": codegen})(x), f(x)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        assert torch.isfinite(g).all()
+        torch.testing.assert_close(g, w)
