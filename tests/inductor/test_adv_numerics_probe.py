@@ -47,6 +47,26 @@ def test_python_scalars_are_rounded_to_16_bit_as_eager_rounds_them(codegen: str,
            close=codegen == "triton" and dtype == torch.bfloat16)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("codegen", CODEGENS)
+def test_16_bit_constants_from_python_numbers_are_values_of_their_dtype(codegen: str,
+                                                                        dtype: torch.dtype) -> None:
+    # a float16 full_like/where/masked_fill/clamp/pad of 0.1 holds half(0.1) in eager; the
+    # kernels kept 0.1 in float32, so a fused ``- 0.1`` or ``== 0.1`` of the same number (itself
+    # converted) missed by 2.4e-5, or compared false
+    import torch.nn.functional as F
+
+    def f(x: torch.Tensor) -> Any:
+        return (torch.full_like(x, 0.1) - 0.1, torch.where(x > 0.5, x, 0.1) == 0.1,
+                x.masked_fill(x < 0, 0.1) - 0.1, x.clamp(max=0.1) - 0.1, x.clamp(min=0.1) == 0.1,
+                F.pad(x, (1, 2), value=0.1) - 0.1, F.hardtanh(x, -0.1, 0.1) - 0.1,
+                x.new_full((3,), 0.1) == 0.1)
+
+    x = torch.tensor([0.1, -0.5, 0.3, 2.0, -0.1, 0.2, 1.0, 0.1], dtype=dtype)
+    _equal(compile_strict(f, {"cpu_codegen": codegen})(x), f(x),
+           close=codegen == "triton" and dtype == torch.bfloat16)
+
+
 @pytest.mark.parametrize("codegen", CODEGENS)
 def test_mean_of_float16_divides_before_rounding(codegen: str) -> None:
     # the float32 sum was rounded to float16 before the division: 24 values of 3000 have a sum

@@ -13,7 +13,7 @@ from ..virtualized import ops
 from .registry import Unsupported, current
 
 __all__ = ["meta", "shape_of", "size_value", "is_size_expr", "loader", "pointwise", "promote",
-           "scalar_dtype", "is_value", "SUPPORTED_DTYPES", "wrapped_scalars"]
+           "scalar_dtype", "is_value", "SUPPORTED_DTYPES", "dtype_value"]
 
 SUPPORTED_DTYPES = {torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64,
                     torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool}
@@ -60,19 +60,13 @@ def scalar_dtype(x: Any) -> torch.dtype:
     raise Unsupported(f"scalar of type {type(x).__name__}")
 
 
-def wrapped_scalars(inputs: Sequence[Any], dtype: torch.dtype | None = None) -> list[Any]:
-    """``inputs`` with each Python number as eager's TensorIterator takes it into an op computed
-    in the 16-bit float ``dtype`` (default: the node's): a wrapped number converted to that dtype
-    first (``half_x - 0.1`` subtracts half(0.1), so ``half(0.1) - 0.1`` is 0 and
-    ``half(0.1) == 0.1`` is true). The kernels compute 16-bit values in float32, where the
-    constant kept every bit. Only for ops whose eager kernel reads the converted scalar (add, sub,
-    the comparisons, fmod, remainder, pow); mul and div read the original value (in float32)."""
-    if dtype is None:
-        dtype = meta().dtype
-    if dtype not in (torch.float16, torch.bfloat16):
-        return list(inputs)
-    return [float(torch.tensor(x, dtype=dtype).item())
-            if isinstance(x, (int, float)) and not isinstance(x, bool) else x for x in inputs]
+def dtype_value(x: Any, dtype: torch.dtype) -> Any:
+    """A Python number as a value of ``dtype``: rounded to float16/bfloat16 (the kernels compute
+    16-bit values in float32, where a constant would keep every bit); others as they are."""
+    if dtype in (torch.float16, torch.bfloat16) and isinstance(x, (int, float)) \
+            and not isinstance(x, bool):
+        return float(torch.tensor(x, dtype=dtype).item())
+    return x
 
 
 def promote(*xs: Any) -> torch.dtype:
@@ -97,9 +91,13 @@ def promote(*xs: Any) -> torch.dtype:
     return dt
 
 
-def loader(x: Any, out_size: Sequence[Any], dtype: torch.dtype | None = None
-           ) -> Callable[[Sequence[Any]], Any]:
-    """A loader of ``x`` broadcast to ``out_size`` (and cast to ``dtype``)."""
+def loader(x: Any, out_size: Sequence[Any], dtype: torch.dtype | None = None,
+           exact: bool = False) -> Callable[[Sequence[Any]], Any]:
+    """A loader of ``x`` broadcast to ``out_size`` (and cast to ``dtype``). A Python number is a
+    value of ``dtype`` (rounded to float16/bfloat16 as eager's TensorIterator converts a wrapped
+    number: ``half(0.1) - 0.1`` is 0, ``torch.where(c, x, 0.1) == 0.1`` true); ``exact`` keeps
+    every bit of it, for the ops whose eager kernel computes with the number itself in float32
+    (mul, div, lerp's weight, addcmul's value)."""
     if not is_value(x):
         if is_size_expr(x):
             sdt = dtype or torch.int64
@@ -107,7 +105,8 @@ def loader(x: Any, out_size: Sequence[Any], dtype: torch.dtype | None = None
         if not isinstance(x, (bool, int, float)):
             raise Unsupported(f"operand of type {type(x).__name__}")
         dt = dtype or scalar_dtype(x)
-        return lambda idx: ops.constant(x, dt)
+        c = x if exact else dtype_value(x, dt)
+        return lambda idx: ops.constant(c, dt)
     size = x.get_size()
     n, k = len(out_size), len(size)
     if k > n:
@@ -127,10 +126,11 @@ def loader(x: Any, out_size: Sequence[Any], dtype: torch.dtype | None = None
 
 
 def pointwise(fn: Callable[..., Any], inputs: Sequence[Any], compute_dtype: torch.dtype | None = None,
-              out_dtype: torch.dtype | None = None, size: Sequence[Any] | None = None) -> Pointwise:
+              out_dtype: torch.dtype | None = None, size: Sequence[Any] | None = None,
+              exact_scalars: bool = False) -> Pointwise:
     """A Pointwise applying ``fn`` to ``inputs`` (IR values or scalars) broadcast to the node's
     output size. Inputs are cast to ``compute_dtype`` (default: the output dtype), the result to
-    the output dtype."""
+    the output dtype; Python numbers as ``loader`` takes them (``exact_scalars``: unrounded)."""
     m = meta()
     if size is None:
         size = shape_of(m)
@@ -140,7 +140,7 @@ def pointwise(fn: Callable[..., Any], inputs: Sequence[Any], compute_dtype: torc
     if compute_dtype is None:
         compute_dtype = out_dtype
     check_dtype(compute_dtype)
-    loaders = [loader(x, size, compute_dtype) for x in inputs]
+    loaders = [loader(x, size, compute_dtype, exact_scalars) for x in inputs]
 
     def inner(idx: Sequence[Any]) -> Any:
         v = fn(*[ld(idx) for ld in loaders])

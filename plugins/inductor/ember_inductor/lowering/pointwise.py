@@ -10,8 +10,8 @@ import torch
 from ..ir import Pointwise
 from ..virtualized import ops
 from ..sizes import to_expr
-from .common import (check_dtype, is_size_expr, is_value, loader, meta, pointwise, promote,
-                     shape_of, wrapped_scalars)
+from .common import (check_dtype, dtype_value, is_size_expr, is_value, loader, meta, pointwise,
+                     promote, shape_of)
 from .registry import Unsupported, register
 
 aten = torch.ops.aten
@@ -58,23 +58,21 @@ def _predicate(name: str) -> Any:
     return lower
 
 
-#: binary ops whose eager kernel takes a Python scalar converted to the tensor's dtype
-_WRAPPED_SCALAR = {"remainder", "fmod"}
+#: binary ops whose eager kernel computes with a Python number unconverted (in float32 for
+#: float16/bfloat16 tensors); the others convert it to the tensor's dtype first (``loader``)
+_EXACT_SCALAR = {"mul", "floordiv"}
 
 
 def _binary(name: str) -> Any:
     def lower(a: Any, b: Any) -> Any:
-        if name in _WRAPPED_SCALAR:
-            a, b = wrapped_scalars([a, b])
-        return pointwise(lambda x, y: getattr(ops, name)(x, y), [a, b])
+        return pointwise(lambda x, y: getattr(ops, name)(x, y), [a, b],
+                         exact_scalars=name in _EXACT_SCALAR)
     return lower
 
 
 def _compare(name: str) -> Any:
     def lower(a: Any, b: Any) -> Any:
-        dt = promote(a, b)
-        a, b = wrapped_scalars([a, b], dt)
-        return pointwise(lambda x, y: getattr(ops, name)(x, y), [a, b], compute_dtype=dt,
+        return pointwise(lambda x, y: getattr(ops, name)(x, y), [a, b], compute_dtype=promote(a, b),
                          out_dtype=torch.bool)
     return lower
 
@@ -96,7 +94,6 @@ def _check_no_out(kwargs: dict[str, Any]) -> None:
 
 @register(aten.add.Tensor, aten.add.Scalar)
 def add(a: Any, b: Any, alpha: Any = 1) -> Any:
-    a, b, alpha = wrapped_scalars([a, b, alpha])
     if alpha == 1:
         return pointwise(lambda x, y: ops.add(x, y), [a, b])
     return pointwise(lambda x, y, al: ops.add(x, ops.mul(y, al)), [a, b, alpha])
@@ -104,7 +101,6 @@ def add(a: Any, b: Any, alpha: Any = 1) -> Any:
 
 @register(aten.sub.Tensor, aten.sub.Scalar)
 def sub(a: Any, b: Any, alpha: Any = 1) -> Any:
-    a, b, alpha = wrapped_scalars([a, b, alpha])
     if alpha == 1:
         return pointwise(lambda x, y: ops.sub(x, y), [a, b])
     return pointwise(lambda x, y, al: ops.sub(x, ops.mul(y, al)), [a, b, alpha])
@@ -118,9 +114,9 @@ def rsub(a: Any, b: Any, alpha: Any = 1) -> Any:
 @register(aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode, aten.div.Scalar_mode)
 def div(a: Any, b: Any, rounding_mode: str | None = None) -> Any:
     if rounding_mode is None:
-        return pointwise(lambda x, y: ops.truediv(x, y), [a, b])
+        return pointwise(lambda x, y: ops.truediv(x, y), [a, b], exact_scalars=True)
     name = {"floor": "floordiv", "trunc": "truncdiv"}[rounding_mode]
-    return pointwise(lambda x, y: getattr(ops, name)(x, y), [a, b])
+    return pointwise(lambda x, y: getattr(ops, name)(x, y), [a, b], exact_scalars=True)
 
 
 @register(aten.true_divide.Tensor)
@@ -131,7 +127,7 @@ def true_divide(a: Any, b: Any) -> Any:
 @register(aten.pow.Tensor_Scalar)
 def pow_tensor_scalar(a: Any, e: Any) -> Any:
     dt = meta().dtype
-    (e,) = wrapped_scalars([e], dt)  # eager's float16 x ** 3.14159 raises to half(3.14159)
+    e = dtype_value(e, dt)  # eager's float16 x ** 3.14159 raises to half(3.14159), as loader
     if isinstance(e, (int, float)) and dt.is_floating_point:
         if e == 2:
             return pointwise(lambda x: ops.mul(x, x), [a])
@@ -152,7 +148,6 @@ def pow_tensor_scalar(a: Any, e: Any) -> Any:
 
 @register(aten.pow.Tensor_Tensor, aten.pow.Scalar)
 def pow_(a: Any, b: Any) -> Any:
-    a, b = wrapped_scalars([a, b])
     return pointwise(lambda x, y: ops.pow(x, y), [a, b])
 
 
@@ -231,17 +226,20 @@ def leaky_relu(x: Any, negative_slope: Any = 0.01) -> Any:
 
 @register(aten.lerp.Scalar, aten.lerp.Tensor)
 def lerp(a: Any, b: Any, w: Any) -> Any:
-    return pointwise(lambda x, y, z: ops.add(x, ops.mul(z, ops.sub(y, x))), [a, b, w])
+    return pointwise(lambda x, y, z: ops.add(x, ops.mul(z, ops.sub(y, x))), [a, b, w],
+                     exact_scalars=True)
 
 
 @register(aten.addcmul.default)
 def addcmul(a: Any, b: Any, c: Any, value: Any = 1) -> Any:
-    return pointwise(lambda x, y, z, v: ops.add(x, ops.mul(v, ops.mul(y, z))), [a, b, c, value])
+    return pointwise(lambda x, y, z, v: ops.add(x, ops.mul(v, ops.mul(y, z))), [a, b, c, value],
+                     exact_scalars=True)
 
 
 @register(aten.addcdiv.default)
 def addcdiv(a: Any, b: Any, c: Any, value: Any = 1) -> Any:
-    return pointwise(lambda x, y, z, v: ops.add(x, ops.mul(v, ops.truediv(y, z))), [a, b, c, value])
+    return pointwise(lambda x, y, z, v: ops.add(x, ops.mul(v, ops.truediv(y, z))),
+                     [a, b, c, value], exact_scalars=True)
 
 
 # -- casts, copies, constants ---------------------------------------------------------------------
@@ -288,7 +286,8 @@ def _const(value: Any) -> Any:
             ops.index_expr(value, torch.int64), dt), 1)
     if not isinstance(value, (bool, int, float)):
         raise Unsupported("non-constant fill")
-    return Pointwise(m.device, dt, size, lambda i: ops.constant(value, dt), 1)
+    c = dtype_value(value, dt)  # full_like(half_x, 0.1) - 0.1 is 0, as in eager
+    return Pointwise(m.device, dt, size, lambda i: ops.constant(c, dt), 1)
 
 
 @register(aten.full.default)

@@ -13,7 +13,7 @@ from ..ir import Buffer, IRNode, Layout, Pointwise, ReinterpretView
 from ..sizes import (FloorDiv, ModularIndexing, contiguous_strides, is_symbolic, known_eq,
                      product, size_hint, statically_true, to_expr, to_stride)
 from ..virtualized import ops
-from .common import is_value, loader, meta, shape_of, size_value
+from .common import dtype_value, is_value, loader, meta, shape_of, size_value
 from .registry import Unsupported, current, register
 
 aten = torch.ops.aten
@@ -415,6 +415,7 @@ def constant_pad_nd(x: Any, pad: Sequence[int], value: Any = 0) -> Any:
         lo[n - 1 - k] = pad[2 * k]
     ld = x.make_loader()
     dt = m.dtype
+    value = dtype_value(value, dt)  # a float16 pad of 0.1 is half(0.1), as in eager
 
     def inner(idx: Sequence[Any]) -> Any:
         src = [i - l for i, l in zip(idx, lo)]
