@@ -9,7 +9,7 @@ import enum
 import inspect
 import operator
 import types
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -148,8 +148,8 @@ def call_builtin(tr: Any, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> V
     if isinstance(fn, types.MethodDescriptorType) and fn.__name__ in _READONLY_METHODS and \
             args and isinstance(args[0], ObjectVar) and isinstance(args[0].value, fn.__objclass__):
         c = _consts(args[1:], kwargs)
-        if c is not None:
-            return tr.wrap(fn(args[0].value, *c[0], **c[1]), None)
+        if c is not None and not c[1]:
+            return read_through(tr, args[0], fn.__objclass__, fn.__name__, c[0])
     # --- Python builtins ------------------------------------------------------------------------------
     handler = _BUILTIN_HANDLERS.get(fn)
     if handler is not None:
@@ -200,6 +200,44 @@ def call_builtin(tr: Any, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> V
 
 _READONLY_METHODS = {"get", "keys", "values", "items", "__getitem__", "__contains__", "__len__",
                      "index", "count"}
+
+#: read-only methods whose result is a view of the container: read as a list of it
+_VIEW_METHODS = {"keys", "values", "items"}
+
+
+def _arg_text(tr: Any, value: Any) -> str:
+    """A constant argument as guard code: its repr where that reads back as itself, else a
+    namespace name."""
+    if value is None or type(value) in (bool, int, str) or (
+            type(value) is float and value == value and abs(value) != float("inf")):
+        return repr(value)
+    return tr.out.ns(value, type(value).__name__)
+
+
+def builtin_owner(value: Any, name: str) -> type | None:
+    """The builtin class whose ``name`` an object of ``value``'s type runs (``dict`` for a
+    subclass of dict that does not define it), or None where a Python class defines it."""
+    for klass in type(value).__mro__:
+        if name in klass.__dict__:
+            return klass if klass.__module__ == "builtins" else None
+    return None
+
+
+def read_through(tr: Any, obj: ObjectVar, owner: type, name: str, args: Sequence[Any]) -> Var:
+    """``owner.name(obj, *args)``, a read-only method of a builtin container run on a real
+    object (a dict subclass's ``super().get(key)``, ``key in registry``, ``len(proxy)``),
+    evaluated now. Where the object has a source its result is read through one that calls the
+    method again, so the guards pin what was read (the entry for ``{'a': 2.0}`` must not replay
+    once the entry says ``{'a': 5.0}``); the views ``keys``/``values``/``items`` are read as lists."""
+    view = name in _VIEW_METHODS
+    value = getattr(owner, name)(obj.value, *args)
+    if obj.source is None:  # an object made while tracing: what it holds is the trace's own
+        return tr.wrap(value, None)
+    from .sources import MethodRead
+
+    src = MethodRead(obj.source, tr.out.ns(owner, owner.__name__), name,
+                     tuple(_arg_text(tr, a) for a in args), view)
+    return tr.wrap(list(value) if view else value, src)
 
 
 def copy_var(tr: Any, v: Var, deep: bool) -> Var:
@@ -590,7 +628,16 @@ def contains(tr: Any, container: Var, item: Var) -> bool:
             tr.out.guards.add(f"({key!r} in {ref}._modules) is {r}")
         return r
     if isinstance(container, ObjectVar) and item.is_const():
-        return item.as_const() in container.value
+        owner = builtin_owner(container.value, "__contains__")
+        if owner is None:
+            ci = inspect.getattr_static(container.python_type(), "__contains__", None)
+            if isinstance(ci, types.FunctionType):  # a Python __contains__: traced
+                r = tr.call(FunctionVar(ci), [container, item], {})
+                if r.is_const():
+                    return bool(r.as_const())
+            raise Unsupported(f"`in` on {container.describe()}")
+        return bool(read_through(tr, container, owner, "__contains__",
+                                 [item.as_const()]).as_const())
     raise Unsupported(f"`in` on {container.describe()}")
 
 
@@ -802,8 +849,9 @@ def _len(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
         ln = inspect.getattr_static(v.python_type(), "__len__", None)
         if isinstance(ln, types.FunctionType):
             return tr.call(FunctionVar(ln), [v], {})
-        if ln is not None and isinstance(v, ObjectVar):  # a C-level __len__ (mappingproxy...)
-            return ConstVar(len(v.value))
+        owner = builtin_owner(v.value, "__len__") if isinstance(v, ObjectVar) else None
+        if owner is not None:  # a C-level __len__ (mappingproxy, a dict subclass...)
+            return read_through(tr, v, owner, "__len__", ())
     raise Unsupported(f"len() of {v.describe()}")
 
 

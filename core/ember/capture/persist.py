@@ -22,9 +22,15 @@ Recipes (found after a capture, by searching the call's arguments and the namesp
   closure holds (constants with their type: ``1`` is not ``True``); every non-torch,
   non-standard-library source file that defines one of these objects must hash the same
   (editing the model's file is a miss);
-* functions' ``__defaults__``/``__kwdefaults__`` (plain constants only), closure cells and code
-  objects of those functions; the function's globals; Ember's entry helpers; dtypes, devices and
-  plain constants by value.
+* functions' ``__defaults__``/``__kwdefaults__`` (constants by type and value, dtypes, devices,
+  tuples of them, functions and classes by their fingerprint), closure cells and code objects of
+  those functions; the function's globals; Ember's entry helpers; dtypes, devices and plain
+  constants by value; a function met again inside its own closure by which enclosing one it is;
+* an object bound to a global of an imported module whose functions the namespace holds
+  (transformers' output-recording registry), by the module's and the global's names: its type
+  must be importable as itself (a function: the same fingerprint), the module's file hashes the
+  same, and what the capture read from it is guarded as in the first process;
+* a snapshot of plain data (an object's whole ``__dict__``, guarded equal to it), rebuilt equal.
 
 Anything else in the namespace (an arbitrary object, a resume function after a graph break, a
 symbolic size), or an entry with a prologue, means the capture is not persisted. On load every
@@ -231,13 +237,13 @@ def _check_named(obj: Any, mod: str, qual: str) -> None:
         raise _Refuse(f"{mod}.{qual} is now {obj!r}")
 
 
-def _consts(values: Any) -> str:
-    """A function's defaults (plain constants only) as text."""
-    items = values.values() if isinstance(values, dict) else values
-    for v in items:
-        if not (v is None or type(v) in (bool, int, str, float)):
-            raise _Refuse(f"default of type {type(v).__name__}")
-    return repr(values)
+def _consts(values: Any, finder: "_Finder | None" = None) -> str:
+    """A function's defaults as text: constants by type and repr, functions and classes by
+    what they are (:meth:`_Finder.default`)."""
+    f = finder if finder is not None else _Finder(None, {})
+    if isinstance(values, dict):
+        return json.dumps({k: f.default(v) for k, v in values.items()}, sort_keys=True)
+    return json.dumps([f.default(v) for v in values])
 
 
 def _code_path(code: types.CodeType, target: Any, depth: int = 4) -> list[int] | None:
@@ -279,6 +285,7 @@ class _Finder:
         self.ns = ns or {}
         self.paths: dict[int, list[Any]] = {}
         self.files: dict[str, str] = {}
+        self._stack: list[int] = []  # ids of the functions being fingerprinted, outermost first
         for name, root in roots.items():
             if isinstance(root, torch.nn.Module):
                 for path, m in root.named_modules(remove_duplicate=False):
@@ -313,15 +320,36 @@ class _Finder:
             return ["class", mod, qual]
         if not isinstance(obj, types.FunctionType):
             raise _Refuse(f"closure holds a {type(obj).__name__}")
+        # a function met again on the way down (one whose closure holds itself, as
+        # transformers' ``forward_with_checkpointing`` does): which of the enclosing ones it is
+        if id(obj) in self._stack:
+            return ["again", self._stack.index(id(obj))]
         mod = obj.__module__
         if isinstance(mod, str):
             self._file(mod)
-        for d in (obj.__defaults__ or ()) + tuple((obj.__kwdefaults__ or {}).values()):
-            if not (d is None or type(d) in (bool, int, str, float)):
-                raise _Refuse(f"default of type {type(d).__name__}")
-        return ["fn", _code_hash(obj.__code__),
-                repr(obj.__defaults__), repr(obj.__kwdefaults__), self._globals_of(obj),
-                [self.fingerprint(c.cell_contents, depth + 1) for c in obj.__closure__ or ()]]
+        self._stack.append(id(obj))
+        try:
+            return ["fn", _code_hash(obj.__code__),
+                    [self.default(d, depth) for d in obj.__defaults__ or ()],
+                    {k: self.default(d, depth) for k, d in (obj.__kwdefaults__ or {}).items()},
+                    self._globals_of(obj),
+                    [self.fingerprint(c.cell_contents, depth + 1) for c in obj.__closure__ or ()]]
+        finally:
+            self._stack.pop()
+
+    def default(self, d: Any, depth: int = 0) -> list[Any]:
+        """A function's default value, compared at load: a constant by its type and repr, a
+        dtype or device by name, a tuple item by item, a function or class (``mask_function=
+        causal_mask_function``) by its fingerprint; anything else is refused."""
+        if d is None or type(d) in (bool, int, str, float):
+            return ["const", type(d).__name__, repr(d)]
+        if isinstance(d, (torch.dtype, torch.device)):
+            return [type(d).__name__, str(d)]
+        if type(d) is tuple:
+            return ["tuple", [self.default(e, depth) for e in d]]
+        if isinstance(d, (types.FunctionType, type)):
+            return self.fingerprint(d, depth + 1)
+        raise _Refuse(f"default of type {type(d).__name__}")
 
     def _globals_of(self, fn: types.FunctionType) -> str:
         """The module whose namespace ``fn`` reads its globals from (a decorator's wrapper
@@ -329,7 +357,12 @@ class _Finder:
         name = fn.__globals__.get("__name__")
         m = sys.modules.get(name) if isinstance(name, str) else None
         if m is None or m.__dict__ is not fn.__globals__:
-            raise _Refuse(f"{fn.__qualname__} reads globals of no imported module")
+            # a module imported under another name than the one it gives itself
+            # (``_collections_abc`` says it is ``collections.abc``)
+            name = next((k for k, v in list(sys.modules.items())
+                         if getattr(v, "__dict__", None) is fn.__globals__), None)
+            if name is None:
+                raise _Refuse(f"{fn.__qualname__} reads globals of no imported module")
         self._file(name)
         return name
 
@@ -383,10 +416,10 @@ class _Finder:
         if type(obj) in (tuple, dict):  # a function's __defaults__ / __kwdefaults__
             for attr in ("__defaults__", "__kwdefaults__"):
                 if getattr(self.fn, attr) is obj:
-                    return ["fn_attr", attr, _consts(obj)]
+                    return ["fn_attr", attr, _consts(obj, self)]
                 for fname, f in self.ns.items():
                     if isinstance(f, types.FunctionType) and getattr(f, attr) is obj:
-                        return ["attr_of", fname, attr, _consts(obj)]
+                        return ["attr_of", fname, attr, _consts(obj, self)]
         if isinstance(obj, types.CellType):  # a closure cell (its contents are guarded)
             for fname, f in [("", self.fn), *self.ns.items()]:
                 if isinstance(f, types.FunctionType):
@@ -406,7 +439,12 @@ class _Finder:
                 if getattr(m, "__dict__", None) is obj:
                     self._file(mname)
                     return ["moddict", mname]
-            raise _Refuse(f"namespace dict {name}")
+            # a snapshot of plain data (an object's whole state, guarded equal to it): rebuilt
+            # equal; a dict guarded by identity then misses, as it should
+            try:
+                return ["plain", _enc_plain(obj)]
+            except _Refuse:
+                raise _Refuse(f"namespace dict {name}") from None
         if isinstance(obj, types.ModuleType):
             if sys.modules.get(obj.__name__) is not obj:
                 raise _Refuse(f"module {obj.__name__} is not in sys.modules")
@@ -421,7 +459,10 @@ class _Finder:
                 mod, qual = obj.__module__, obj.__qualname__
                 cells = _cell_path(_resolve_name(mod, qual), obj)
                 if cells is None:
-                    raise
+                    found = self._module_global(obj)  # a module's global made by a factory
+                    if found is None:
+                        raise
+                    return found
                 return ["wrapped", mod, qual, cells, self.fingerprint(obj)]
             return ["function", mod, qual, self.fingerprint(obj)]
         if isinstance(obj, type):
@@ -432,7 +473,69 @@ class _Finder:
                             types.MethodDescriptorType, types.WrapperDescriptorType)):
             mod, qual = _import_name(obj)
             return ["builtin", mod, qual]
+        found = self._module_global(obj)
+        if found is not None:
+            return found
         raise _Refuse(f"namespace object {name} of type {type(obj).__name__}")
+
+    def _module_global(self, obj: Any) -> list[Any] | None:
+        """An object bound to a global of an imported module (not ``__main__``) whose functions
+        the namespace holds (transformers' output-recording registry): by the module's and the
+        global's names. What the capture read from it is guarded; its type must be importable
+        as itself, and the module's source file hashes the same."""
+        seen: set[int] = set()
+        for f in (self.fn, *self.ns.values()):
+            g = getattr(f, "__globals__", None)
+            if not isinstance(g, dict) or id(g) in seen:
+                continue
+            seen.add(id(g))
+            mname = g.get("__name__")
+            mod = sys.modules.get(mname) if isinstance(mname, str) else None
+            if mname == "__main__" or mod is None or getattr(mod, "__dict__", None) is not g:
+                continue
+            for key, value in list(g.items()):
+                if value is obj:
+                    fp = None
+                    if isinstance(obj, types.FunctionType):  # compared by what it is
+                        fp = self.fingerprint(obj)
+                    else:  # the live type is checked to be this one
+                        tmod, _ = _import_name(type(obj))
+                        self._file(tmod)
+                    self._file(mname)
+                    return ["modglobal", mname, key, _type_name(obj), fp]
+        return None
+
+
+_PLAIN_TAGS = {list: "L", tuple: "T", set: "S", frozenset: "FS"}
+
+
+def _enc_plain(x: Any, depth: int = 8) -> Any:
+    """Plain data (constants, dtypes, devices; dicts, lists, tuples and sets of them, in any
+    nesting, keys of any such type) as JSON that :func:`_dec_plain` rebuilds equal, with the
+    same container types."""
+    if depth == 0:
+        raise _Refuse("plain data nested too deep")
+    if type(x) is dict:
+        return {"D": [[_enc_plain(k, depth - 1), _enc_plain(v, depth - 1)] for k, v in x.items()]}
+    tag = _PLAIN_TAGS.get(type(x))
+    if tag is not None:
+        return {tag: [_enc_plain(v, depth - 1) for v in x]}
+    if x is None or type(x) in (bool, int, str, float) or isinstance(x, (torch.dtype,
+                                                                          torch.device)):
+        return _enc(x)
+    raise _Refuse(f"plain data of type {type(x).__name__}")
+
+
+def _dec_plain(x: Any) -> Any:
+    if not isinstance(x, dict):
+        return x
+    (tag, v), = x.items()
+    if tag == "D":
+        return {_dec_plain(k): _dec_plain(e) for k, e in v}
+    for cls, t in _PLAIN_TAGS.items():
+        if tag == t:
+            return cls(_dec_plain(e) for e in v)
+    return decode_arg(x, {})
 
 
 def _class_attr_fn(attr: Any, through: str) -> Any:
@@ -453,7 +556,7 @@ def _resolve(recipe: list[Any], fn: Any, roots: dict[str, Any], files: dict[str,
         return fn.__globals__
     if kind == "fn_attr":
         obj = getattr(fn, recipe[1])
-        if _consts(obj) != recipe[2]:
+        if _consts(obj, _Finder(fn, {})) != recipe[2]:
             raise _Refuse(f"{recipe[1]} changed")
         return obj
     if kind == "const":
@@ -500,6 +603,26 @@ def _resolve(recipe: list[Any], fn: Any, roots: dict[str, Any], files: dict[str,
         if m is None:
             raise _Refuse(f"module {recipe[1]} not imported")
         return m.__dict__
+    if kind == "plain":
+        return _dec_plain(recipe[1])
+    if kind == "modglobal":
+        _, mname, key, meta, fp = recipe
+        g = getattr(sys.modules.get(mname), "__dict__", None)
+        if not isinstance(g, dict) or key not in g:
+            raise _Refuse(f"{mname}.{key} not found")
+        obj = g[key]
+        tp = type(obj)
+        if _type_name(obj) != meta or fp is None and \
+                _resolve_name(tp.__module__, tp.__qualname__) is not tp:
+            raise _Refuse(f"{mname}.{key} is now of type {_type_name(obj)}")
+        if fp is not None:  # a function: the same code, defaults and closure
+            try:
+                same = _Finder(fn, {}).fingerprint(obj) == fp
+            except (_Refuse, ValueError):
+                same = False
+            if not same:
+                raise _Refuse(f"function {mname}.{key} changed")
+        return obj
     if kind == "pymodule":
         obj = sys.modules.get(recipe[1])
         if obj is None:
@@ -765,7 +888,7 @@ def _load(cf: Any, rec: dict[str, Any], args: tuple, kwargs: dict,
                 ns[name] = code
                 continue
             obj = getattr(owner, r[2])
-            if _consts(obj) != r[3]:
+            if _consts(obj, _Finder(fn, {})) != r[3]:
                 raise _Refuse(f"{r[1]}.{r[2]} changed")
             ns[name] = obj
     ns["___MISS"] = MISS

@@ -334,6 +334,23 @@ class KwDefaults(ChainedSource):
 
 
 @_source_class
+class MethodRead(ChainedSource):
+    """``owner.method(base, *args)``: a read-only method of a builtin container class called
+    on a real object (``dict.get(reg, 'k')`` for a dict subclass whose own ``get`` calls
+    ``super().get``), ``list(...)`` of it where ``as_list`` (``keys``/``values``/``items``).
+    ``owner`` and ``args`` are printed expressions (namespace names, reprs of constants)."""
+
+    owner: str
+    method: str
+    args: tuple = ()
+    as_list: bool = False
+
+    def _render(self) -> str:
+        call = f"{self.owner}.{self.method}({', '.join((str(self.base), *self.args))})"
+        return f"list({call})" if self.as_list else call
+
+
+@_source_class
 class TensorSize(ChainedSource):
     """``t.size()[dim]`` (torch's spelling, so ShapeEnv guards read the same)."""
 
