@@ -61,6 +61,10 @@ OPTIONS = {
                    "run by Triton's interpreter; needs TRITON_INTERPRET=1, for testing)",
     "cpu_isa": "instruction set the C++ is built for: 'native' (default; ember.config.cpu_isa, "
                "EMBER_CPU_ISA), 'x86-64-v4', 'x86-64-v3' (AVX2), 'x86-64-v2', 'x86-64'",
+    "emulate_precision_casts": "round each float16/bfloat16 op's result to its dtype inside "
+                               "fused kernels, as eager stores it (default False: fused "
+                               "16-bit chains keep float32 intermediates; ~3x slower bfloat16 "
+                               "chains in C++)",
 }
 
 

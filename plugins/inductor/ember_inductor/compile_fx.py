@@ -153,6 +153,8 @@ def generate_source(gm: torch.fx.GraphModule, key: str = "",
         # C++ loops have no 2-D tiles: a transposing output is computed along its loads, then
         # copied (lowering/graph.py, _loads_across); Triton tiles transposes itself
         graph.transpose_by_copy = target.name == "cpp"
+        # float16/bfloat16 results rounded per op in fused kernels (lowering/common.pointwise)
+        graph.round_16bit = bool((options or {}).get("emulate_precision_casts", False))
         graph.run()
         sched = Scheduler(graph, row_scratch=graph.row_scratch,
                           split_policy=target.split_policy())

@@ -60,10 +60,13 @@ def scalar_dtype(x: Any) -> torch.dtype:
     raise Unsupported(f"scalar of type {type(x).__name__}")
 
 
+_HALVES = (torch.float16, torch.bfloat16)
+
+
 def dtype_value(x: Any, dtype: torch.dtype) -> Any:
     """A Python number as a value of ``dtype``: rounded to float16/bfloat16 (the kernels compute
     16-bit values in float32, where a constant would keep every bit); others as they are."""
-    if dtype in (torch.float16, torch.bfloat16) and isinstance(x, (int, float)) \
+    if dtype in _HALVES and isinstance(x, (int, float)) \
             and not isinstance(x, bool):
         return float(torch.tensor(x, dtype=dtype).item())
     return x
@@ -142,8 +145,18 @@ def pointwise(fn: Callable[..., Any], inputs: Sequence[Any], compute_dtype: torc
     check_dtype(compute_dtype)
     loaders = [loader(x, size, compute_dtype, exact_scalars) for x in inputs]
 
+    # float16/bfloat16 values are computed in float32, and a fused consumer reads the unrounded
+    # result (as torch.compile's kernels do: within 16-bit tolerances, but ones(half) * 0.1 ==
+    # 0.1 is false, eager's true). Option emulate_precision_casts (GraphLowering.round_16bit):
+    # each op's result rounded to its dtype here, as eager stores it (bfloat16 chains ~3x slower)
+    rounds = out_dtype in _HALVES and compute_dtype in _HALVES and \
+        bool(getattr(current(), "round_16bit", False))
+
     def inner(idx: Sequence[Any]) -> Any:
-        v = fn(*[ld(idx) for ld in loaders])
+        vals = [ld(idx) for ld in loaders]
+        v = fn(*vals)
+        if rounds and not any(v is a for a in vals):
+            v = ops.to_dtype(ops.to_dtype(v, torch.float32), out_dtype)
         return ops.to_dtype(v, out_dtype)
 
     device = next((x.device for x in inputs if is_value(x)), m.device if m is not None else

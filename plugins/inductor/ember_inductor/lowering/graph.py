@@ -164,6 +164,9 @@ class GraphLowering:
         self.shifted_var_mean = False
         # a transposing pointwise output computed along its loads, then copied (C++ target)
         self.transpose_by_copy = True
+        #: each float16/bfloat16 op's result rounded in fused kernels (lowering/common.pointwise;
+        #: option emulate_precision_casts)
+        self.round_16bit = False
         #: rand/randn/bernoulli as Philox draws in the kernels (lowering/random.py; the Triton
         #: target), else ATen calls
         self.random_in_kernels = False
