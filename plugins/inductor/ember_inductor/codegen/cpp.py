@@ -342,6 +342,11 @@ class CppOps:
     def to_dtype(self, x: CppVar, dtype: torch.dtype) -> CppVar:
         if x.dtype == dtype:
             return x
+        if x.dtype in (torch.float16, torch.bfloat16):
+            # a 16-bit value is held in float (a fused op's result unrounded): converted to
+            # another dtype as the 16-bit value eager stored (half(6.999) -> int32 is 7, not 6)
+            x = self._emit(f"e_round_{'f16' if x.dtype == torch.float16 else 'bf16'}({x})",
+                           x.dtype)
         ct = compute_type(dtype)
         if dtype == torch.bool:
             return self._emit(f"{x} != 0", dtype)

@@ -389,6 +389,10 @@ class TritonOps:
             elif not (isinstance(v, float) and (math.isnan(v) or math.isinf(v))):
                 v = int(v)
             return self.constant(v, dtype)
+        if x.dtype in (torch.float16, torch.bfloat16):
+            # a 16-bit value is held in float32 (a fused op's result unrounded): converted to
+            # another dtype as the 16-bit value eager stored (half(6.999) -> int32 is 7, not 6)
+            x = self._emit(f"{x}.to({TL_DTYPE[x.dtype]}).to(tl.float32)", x.dtype, x)
         if dtype == torch.bool:
             return self._emit(f"{x} != 0", dtype, x)
         if dtype in (torch.bfloat16, torch.float16):
