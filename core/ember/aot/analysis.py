@@ -49,6 +49,9 @@ class OutputInfo:
     # an input with that offset; the runtime shifts it by the difference (capture does not guard
     # storage offsets: x and big[1:] with the same sizes and strides reach the same graph)
     base_offset: Any = 0
+    # an alias that does not carry its base's autograd history (``x.detach()``, a view made
+    # under ``no_grad``): made from the detached base (set by the training analysis)
+    detached: bool = False
 
 
 @dataclasses.dataclass
@@ -242,7 +245,9 @@ def analyze(gm: Any, tensors: Sequence[Any], requires_grad: Sequence[bool],
         og = _geometry(o)
         for i, f in tfakes:
             if torch._C._is_alias_of(o, f):
-                same = og == _geometry(f) and o.dtype == f.dtype
+                # the very input object (``return x``), not a view of the same geometry
+                # (``x.view(-1)``, ``x.detach()``: another tensor, which eager returns anew)
+                same = o is f
                 info = OutputInfo("input_alias", i, og[0], og[1], og[2], same, dtype=o.dtype,
                                   base_offset=expr_of(f.storage_offset()))
                 break
@@ -251,7 +256,7 @@ def analyze(gm: Any, tensors: Sequence[Any], requires_grad: Sequence[bool],
                 b = flat[j]
                 if (isinstance(b, torch.Tensor) and outputs[j].kind == "graph"
                         and torch._C._is_alias_of(o, b) and _inside(o, b)):
-                    same = og == _geometry(b) and o.dtype == b.dtype
+                    same = o is b
                     info = OutputInfo("output_alias", j, og[0], og[1],
                                       expr_of(o.storage_offset() * o.element_size()
                                               - b.storage_offset() * b.element_size()), same,
@@ -287,6 +292,10 @@ def _grad_info(gm: Any, tensors: Sequence[Any], requires_grad: Sequence[bool], i
     info.graph_out_requires_grad = [isinstance(flat[k], torch.Tensor)
                                     and bool(flat[k].requires_grad)
                                     for k in info.graph_out_flat]
+    for k, o in enumerate(info.outputs):
+        if o.kind in ("input_alias", "output_alias") and not o.same and \
+                isinstance(flat[k], torch.Tensor) and not flat[k].requires_grad:
+            info.outputs[k] = dataclasses.replace(o, detached=True)
     info.mutated_requires_grad = [bool(xs[i].requires_grad) for i in info.mutated]
     outs = [flat[k] for k in info.graph_out_flat] + [xs[i] for i in info.mutated]
     info.fwd_out_meta = [(tuple(o.shape), o.dtype, o.device) if isinstance(o, torch.Tensor)

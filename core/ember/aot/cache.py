@@ -472,6 +472,7 @@ def _dumps_info(info: GraphInfo) -> dict[str, Any]:
             raise Uncacheable(f"constant output of type {type(o.value).__name__}")
         outs.append({"kind": o.kind, "index": o.index, "size": list(o.size),
                      "stride": list(o.stride), "offset": o.offset, "same": o.same,
+                     "detached": o.detached,
                      "value": _enc(o.value) if o.kind == "const" else None,
                      "dtype": _enc(o.dtype) if o.dtype is not None else None})
     try:
@@ -488,7 +489,8 @@ def _dumps_info(info: GraphInfo) -> dict[str, Any]:
 def _loads_info(d: dict[str, Any]) -> GraphInfo:
     outs = [OutputInfo(o["kind"], o["index"], tuple(o["size"]), tuple(o["stride"]), o["offset"],
                        o["same"], _dec(o["value"], {}) if o["kind"] == "const" else None,
-                       _dec(o["dtype"], {}) if o["dtype"] is not None else None)
+                       _dec(o["dtype"], {}) if o["dtype"] is not None else None,
+                       detached=bool(o.get("detached", False)))
             for o in d["outputs"]]
     return GraphInfo(pytree.treespec_loads(d["spec"]), outs, list(d["graph_out_flat"]),
                      list(d["mutated"]), list(d["graph_out_requires_grad"]),

@@ -46,6 +46,10 @@ def _readable(gm: torch.fx.GraphModule) -> str:
     return gm.print_readable(print_output=False)
 
 
+#: The variant key of a call made with grad mode off to a graph that turns it on.
+_GRAD_ON_INSIDE = "grad-enabled-inside"
+
+
 class _RunEagerly:
     """A variant that could not be traced (a branch on data in its backward, say)."""
 
@@ -119,6 +123,10 @@ class AOTCompiled:
         self._variants: dict[Any, Any] = {}
         self._lock = threading.Lock()
         self._decomps = dict(backend.get_decompositions())
+        #: the graph turns grad mode on somewhere (see :meth:`_key`)
+        self._enables_grad = any(n.op == "call_function" and
+                                 n.target is torch._C._set_grad_enabled and bool(n.args[0])
+                                 for n in gm.graph.nodes)
         self._warned_guard = False
         self._key_and_build(example_inputs)
 
@@ -129,16 +137,24 @@ class AOTCompiled:
     # -- variants ------------------------------------------------------------------------
     def _key(self, inputs: Sequence[Any]) -> Any:
         # requires_grad only: never sizes (one variant serves every size under dynamic shapes)
+        rg = tuple(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
         if torch.is_grad_enabled():
-            rg = tuple(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
             if any(rg):
                 return rg
+        elif any(rg) and self._enables_grad:
+            # Called with grad mode off, the graph turns it on (the rest of a ``no_grad`` block
+            # split by a graph break): what it computes from then on is differentiable, which
+            # neither variant models (inference runs without autograd; a training variant's
+            # autograd.Function records nothing under no_grad). The captured graph runs as is.
+            return _GRAD_ON_INSIDE
         return "inference"
 
     def _key_and_build(self, args: Sequence[Any], first: bool = True) -> Any:
         inputs = [args[i] for i in self.input_idx]
         key = self._key(inputs)
         v = self._variants.get(key)
+        if v is None and key == _GRAD_ON_INSIDE:
+            v = self._variants[key] = _RunEagerly(self.gm)
         if v is None:
             with self._lock:
                 v = self._variants.get(key)

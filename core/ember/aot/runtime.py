@@ -45,6 +45,8 @@ def _regenerate(info: GraphInfo, inputs: Sequence[Any], graph_outs: Sequence[Any
             if o.same:
                 flat.append(base)
                 continue
+            if o.detached:
+                base = base.detach()
             size, stride, offset, base_offset = (geo[k] if geo is not None else
                                                  (o.size, o.stride, o.offset, o.base_offset))
             flat.append(input_alias(base, size, stride, offset, base_offset, o.dtype))
@@ -53,6 +55,8 @@ def _regenerate(info: GraphInfo, inputs: Sequence[Any], graph_outs: Sequence[Any
             if o.same:
                 flat.append(base)
             else:
+                if o.detached:
+                    base = base.detach()
                 size, stride, offset, _ = geo[k] if geo is not None else (o.size, o.stride,
                                                                             o.offset, 0)
                 flat.append(output_alias(base, size, stride, offset, o.dtype))
@@ -140,7 +144,10 @@ class ForwardOnly:
     size_guards: Any = None
 
     def __call__(self, inputs: Sequence[torch.Tensor]) -> Any:
-        with _no_autocast():
+        # No output of an inference graph is differentiable (AOT found none that requires grad,
+        # or grad mode is off): inputs that require grad must not give the graph's results a
+        # history (a result computed under ``no_grad`` inside the graph, say).
+        with _no_autocast(), torch.no_grad():
             outs = self.fw(*inputs)
         n = len(self.info.graph_out_flat)
         if not self.checked:
@@ -149,7 +156,7 @@ class ForwardOnly:
                               ints=self.info.graph_out_sym)
             except BackendCompilerFailed as e:
                 self.fw = _fall_back(e, self.graph, "inference")
-                with _no_autocast():
+                with _no_autocast(), torch.no_grad():
                     outs = self.fw(*inputs)
             self.checked = True
         if self.info.meta_mutated:  # first: the new values have the new shapes

@@ -594,13 +594,15 @@ def _outputs_expr(info: Any, n: int) -> list[str]:
         if o.kind == "graph":
             exprs.append(f"outs[{o.index}]")
         elif o.kind == "input_alias":
+            base = f"inputs[{o.index}]" + (".detach()" if getattr(o, "detached", False) else "")
             exprs.append(f"inputs[{o.index}]" if o.same else
-                         f"_rt.input_alias(inputs[{o.index}], {o.size!r}, {o.stride!r}, "
+                         f"_rt.input_alias({base}, {o.size!r}, {o.stride!r}, "
                          f"{o.offset}, {getattr(o, 'base_offset', 0)}, {_const(o.dtype)})")
         elif o.kind == "output_alias":
             b = exprs[o.index]
+            db = f"({b}).detach()" if getattr(o, "detached", False) else b
             exprs.append(b if o.same else
-                         f"_rt.output_alias({b}, {o.size!r}, {o.stride!r}, {o.offset}, "
+                         f"_rt.output_alias({db}, {o.size!r}, {o.stride!r}, {o.offset}, "
                          f"{_const(o.dtype)})")
         else:
             exprs.append(_const(o.value))
