@@ -219,7 +219,7 @@ class Tracer:
             if all(isinstance(k, (str, int, bool, type(None), float)) for k in value):
                 # the order too: iteration follows it (strings hash differently per process)
                 g(f"type({source}) is {t.__name__} and list({source}) == {list(value)!r}")
-                return SetVar([ConstVar(x) for x in value], source, cls=t)
+                return SetVar([ConstVar(x) for x in value], source, cls=t, real=value)
         if isinstance(value, (range, slice)):
             return const(f"({source}) == {value!r}")
         if isinstance(value, torch.nn.Module):
@@ -244,6 +244,18 @@ class Tracer:
             fn = self.wrap(value.__func__, Attr(source, "__func__", paren=True), guard=False)
             return BoundMethodVar(fn, self.wrap(value.__self__, Attr(source, "__self__", paren=True),
                                                 guard=guard))
+        if t is functools.partial and guard and not isinstance(source, NamespaceRef):
+            # Read through its parts: ``p.keywords['k'] = 3.0`` (a partial's keywords are a
+            # mutable dict) or another process's partial of other arguments (a persisted
+            # capture rebinds identity guards) must not replay the arguments traced.
+            pa, pk = Attr(source, "args", paren=True), Attr(source, "keywords", paren=True)
+            g(f"type({source}) is {out.ns(t, 'partial')} and len({pa}) == {len(value.args)} "
+              f"and list({pk}) == {list(value.keywords)!r}")
+            pv = PartialVar(self.wrap(value.func, Attr(source, "func", paren=True)),
+                            [self.wrap(a, GetItem(pa, i)) for i, a in enumerate(value.args)],
+                            {k: self.wrap(a, GetItem(pk, k)) for k, a in value.keywords.items()})
+            pv.source = source
+            return pv
         if callable(value) and isinstance(value, (types.BuiltinFunctionType,
                                                   types.BuiltinMethodType,
                                                   types.MethodDescriptorType,
@@ -406,6 +418,9 @@ class Tracer:
         return ConstVar(r)
 
     def call_torch_function(self, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+        if rules.changes_state(fn):
+            raise Unsupported(f"torch.{getattr(fn, '__name__', fn)} changes (or reads) global "
+                              "state such as the random generator's: it runs eagerly")
         return self.graph_call("call_function", fn, args, kwargs, fn)
 
     def call_tensor_method(self, t: TensorVar, name: str, args: list[Var],
@@ -545,12 +560,24 @@ class Tracer:
                 return ConstVar(getattr(val, name))
             if name == "__self__" and isinstance(obj, BuiltinVar):
                 return self.wrap(val.__self__, None)
+            if isinstance(obj, FunctionVar) and \
+                    (name in getattr(val, "__dict__", {}) or name in _REBINDABLE_FN_ATTRS):
+                # A function's attributes can be rebound after compiling (``f.scale = 2.0``,
+                # ``f.__defaults__ = ...``): read through a source, so the value is guarded.
+                # A function without one (a method found through its class) is fixed by other
+                # guards; its attribute is read through a reference to it.
+                base = obj.source if obj.source is not None else \
+                    NamespaceRef(self.out.ns(val, getattr(val, "__name__", "fn")))
+                return self.wrap(getattr(val, name), Attr(base, name, paren=True))
             return self.wrap(getattr(val, name), None)
         if isinstance(obj, NestedFunctionVar):
             if name in ("__name__", "__qualname__"):
                 return ConstVar(getattr(obj.code, "co_" + name.strip("_")))
         if isinstance(obj, SuperVar):
             return self.super_getattr(obj, name)
+        if isinstance(obj, PartialVar) and name in ("func", "args", "keywords"):
+            return {"func": obj.fn, "args": TupleVar(list(obj.args)),
+                    "keywords": DictVar(dict(obj.kwargs))}[name]
         if isinstance(obj, BoundMethodVar) and name == "__self__":
             return obj.self_var
         if isinstance(obj, BoundMethodVar) and name == "__func__":
@@ -1673,8 +1700,27 @@ class Frame:
         b = self.pop()
         a = self.pop()
         from .builtins import is_same
-        r = is_same(a, b)
+        r = self.const_identity(a, b) if isinstance(a, ConstVar) and isinstance(b, ConstVar) \
+            else is_same(a, b)
         self.push(ConstVar(r != bool(ins.arg)))
+
+    def const_identity(self, a: ConstVar, b: ConstVar) -> bool:
+        """``a is b`` for two constants. Their guards compare values, and equal ints, floats or
+        strings may or may not be one object (``x is y`` of two arguments holding ``10**6``
+        depends on how the caller made them): two such values read from the outside world get a
+        guard on their identity. Dynamic ints have no identity to test: a graph break."""
+        va, vb = a.value, b.value  # reading installs the pending guards (type and value)
+        sym = (torch.SymInt, torch.SymFloat, torch.SymBool)
+        if isinstance(va, sym) or isinstance(vb, sym):
+            if a.python_type() is not b.python_type():  # None, another type: never one object
+                return False
+            raise Unsupported("an identity test (`is`) on a dynamic int or float")
+        r = va is vb
+        if type(va) is type(vb) and type(va) not in (type(None), bool, type(...),
+                                                      type(NotImplemented)) \
+                and a.source is not None and b.source is not None and a.source != b.source:
+            self.tracer.out.guards.add(f"(({a.source}) is ({b.source})) is {r}")
+        return r
 
     def CONTAINS_OP(self, ins):
         container = self.pop()
@@ -1965,6 +2011,11 @@ def _module_to(mv: NNModuleVar, args: list[Var], kwargs: dict[str, Var]) -> Var:
                 t.dtype != dtype):
             raise Unsupported("module.to() that converts parameters inside a compiled region")
     return mv
+
+
+#: Attributes of a function, other than those in its ``__dict__``, that user code may rebind
+#: and a traced program may read as values.
+_REBINDABLE_FN_ATTRS = frozenset({"__defaults__", "__kwdefaults__"})
 
 
 def _python_original(fn: Any) -> types.FunctionType | None:

@@ -336,7 +336,14 @@ class OutputGraph:
             # requires_grad check and the graph input read it without walking the path again.
             ref = self.ns(value, 'p')
             self.guards.add(f"({self._short_path(source)}) is {ref}")
-            self.guards.add(f"{ref}.requires_grad is {bool(value.requires_grad)}")
+            # The same Parameter object can hold another tensor: ``module.double()``,
+            # ``.half()``, ``.to(device)`` and ``p.data = t`` swap its data in place, so its
+            # dtype, device, shape and strides are checked too (the graph was specialized to them).
+            self.guards.add(f"{ref}.requires_grad is {bool(value.requires_grad)} and "
+                            f"{ref}.dtype is {self.ns(value.dtype, str(value.dtype))} and "
+                            f"{ref}.device == {self.ns(value.device, 'device')} and "
+                            f"{ref}.shape == {tuple(value.shape)!r} and "
+                            f"{ref}.stride() == {tuple(value.stride())!r}")
             self.fetch[source] = ref
         elif sym is not None and _is_symbolic_tensor(fake):
             self.guards.add(self.symbolic_tensor_guard(source, value, fake))

@@ -71,6 +71,58 @@ STATE_QUERIES: set[Any] = {f for f in (getattr(torch, n, None) for n in (
     "get_autocast_dtype", "get_autocast_cpu_dtype", "get_autocast_gpu_dtype",
     "is_autocast_cache_enabled")) if f is not None}
 
+def _state_changers() -> set[Any]:
+    out: set[Any] = set()
+    for path in ("torch.manual_seed", "torch.seed", "torch.get_rng_state", "torch.set_rng_state",
+                 "torch.random.manual_seed", "torch.random.seed", "torch.random.get_rng_state",
+                 "torch.random.set_rng_state", "torch.cuda.manual_seed",
+                 "torch.cuda.manual_seed_all", "torch.cuda.seed", "torch.cuda.seed_all",
+                 "torch.cuda.get_rng_state", "torch.cuda.set_rng_state",
+                 "torch.cuda.get_rng_state_all", "torch.cuda.set_rng_state_all",
+                 "torch.set_default_dtype", "torch.set_default_tensor_type",
+                 "torch.set_default_device", "torch.set_grad_enabled",
+                 "torch.use_deterministic_algorithms", "torch.set_deterministic_debug_mode",
+                 "torch.set_num_threads", "torch.set_num_interop_threads",
+                 "torch.set_float32_matmul_precision", "torch.set_warn_always",
+                 "torch.set_printoptions", "torch.set_anomaly_enabled",
+                 "torch._C._set_deterministic_algorithms", "torch.set_autocast_enabled",
+                 "torch.set_autocast_dtype", "torch.set_autocast_cache_enabled"):
+        mod, _, name = path.rpartition(".")
+        try:
+            obj = getattr(__import__(mod, fromlist=[name]), name)
+        except (ImportError, AttributeError):
+            continue
+        out.add(_innermost(obj))
+    return out
+
+
+def _innermost(fn: Any) -> Any:
+    """``fn`` without its ``functools.wraps`` wrappers (importing torch._dynamo, which torch's
+    own code does lazily, rebinds ``torch.manual_seed`` to a new wrapper of it)."""
+    seen = 0
+    while seen < 16:
+        inner = getattr(fn, "__wrapped__", None) if isinstance(fn, types.FunctionType) else None
+        if inner is None:
+            return fn
+        fn, seen = inner, seen + 1
+    return fn
+
+
+def changes_state(fn: Any) -> bool:
+    """``fn`` is one of :data:`STATE_CHANGERS` (through any wrappers)."""
+    try:
+        return _innermost(fn) in STATE_CHANGERS
+    except TypeError:  # unhashable
+        return False
+
+
+#: torch functions that change (or read, as a tensor: the RNG state) global state. They are no
+#: operators: tracing would run them once, for real, and the graph replayed on later calls would
+#: not (``torch.manual_seed(0)`` inside the region reseeded only while tracing). A graph break:
+#: they run eagerly on every call.
+STATE_CHANGERS: set[Any] = _state_changers()
+
+
 GRAD_MODE_CLASSES = {torch.no_grad: False, torch.enable_grad: True}
 AUTOCAST_CLASSES = {torch.autocast, torch.amp.autocast, torch.cpu.amp.autocast}
 

@@ -205,11 +205,15 @@ class DictVar(Var):
 
 
 class SetVar(Var):
-    def __init__(self, items: list[Var], source: Source | None = None, cls: type = set):
+    def __init__(self, items: list[Var], source: Source | None = None, cls: type = set,
+                 real: Any = None):
         self.items = list(items)
         self.source = source
         self.mutated = False
         self.cls = cls
+        #: the set read from the outside world (``items`` are in its order): a set built anew
+        #: from them may iterate in another order (collisions depend on insertion history)
+        self.real = real
 
     def python_type(self) -> type:
         return self.cls
@@ -218,6 +222,9 @@ class SetVar(Var):
         return all(i.is_const() for i in self.items)
 
     def as_const(self) -> Any:
+        if self.real is not None and not self.mutated:
+            # a copy of a set keeps its table, and so the order ``''.join(s)`` reads it in
+            return self.real if self.cls is frozenset else self.real.copy()
         return self.cls(i.as_const() for i in self.items)
 
     def ordered(self) -> list[Var]:
