@@ -123,3 +123,21 @@ def test_a_fused_16_bit_result_converted_to_another_dtype_is_rounded_first(
     i = torch.arange(18) * 7
     # (the interpreter's float16 -> bfloat16 truncates: floats within tolerance there)
     _equal(compile_strict(f, {"cpu_codegen": codegen})(x, i), f(x, i), close=codegen == "triton")
+
+
+@pytest.mark.parametrize("codegen", CODEGENS)
+def test_index_add_refuses_a_negative_index_as_eager(codegen: str) -> None:
+    # torch's index_add decomposition is an index_put, which counts -1 from the end: the compiled
+    # index_add added into the last row where eager raises IndexError
+    def f(a: torch.Tensor, i: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        return a.index_add(0, i, s, alpha=2) + 1
+
+    a, s = torch.randn(5, 3), torch.randn(3, 3)
+    cf = compile_strict(f, {"cpu_codegen": codegen})
+    good = torch.tensor([1, 1, 4])
+    torch.testing.assert_close(cf(a, good, s), f(a, good, s))
+    bad = torch.tensor([1, -1, 4])
+    with pytest.raises(IndexError):
+        f(a, bad, s)
+    with pytest.raises(IndexError):
+        cf(a, bad, s)

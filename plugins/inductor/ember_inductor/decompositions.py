@@ -43,4 +43,16 @@ def _build() -> dict[Any, Callable[..., Any]]:
                aten.native_group_norm.default, aten.native_batch_norm.default):
         if op in decomposition_table:
             table[op] = decomposition_table[op]
+    if aten.index_add.default in table:
+        table[aten.index_add.default] = _index_add_refusing_negative(table[aten.index_add.default])
     return table
+
+
+def _index_add_refusing_negative(decomp: Callable[..., Any]) -> Callable[..., Any]:
+    """torch's index_add decomposition is an index_put, which counts a negative index from the
+    end; eager's index_add refuses one (IndexError): it is made out of range here, so that the
+    index_put's bounds check raises as eager does."""
+    def index_add(x: Any, dim: int, index: Any, source: Any, *, alpha: Any = 1) -> Any:
+        n = x.shape[dim] if x.dim() else 1
+        return decomp(x, dim, torch.where(index < 0, n, index), source, alpha=alpha)
+    return index_add
