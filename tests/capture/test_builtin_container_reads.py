@@ -122,6 +122,7 @@ def test_unchanged_object_reuses_the_graph():
 
 
 _MODULE = r'''
+import inspect
 import os
 import torch
 
@@ -157,7 +158,10 @@ TWICE = _make()
 
 
 def f(x):
-    return inner(x) * REG.get("a").get("scale", 1.0) + TWICE(x)
+    # an introspection result (held by the capture, read by no guard), as transformers'
+    # apply_chunking_to_forward counts a forward's parameters
+    n = len(inspect.signature(plus).parameters)
+    return inner(x) * REG.get("a").get("scale", 1.0) + TWICE(x) * n
 '''
 
 _SCRIPT = r'''
@@ -173,7 +177,8 @@ print("SAME", bool(torch.equal(got, regmod.f(x))), "HITS", persist.counters["hit
 def test_persisted_capture_of_a_registry_a_function_default_and_a_recursive_closure(tmp_path,
                                                                                       py):
     """Such a capture is stored (a module's global object by name, a default function and a
-    closure holding itself by what they are) and reused by a later process; a later process
+    closure holding itself by what they are, an ``inspect.signature`` result it does not read
+    again) and reused by a later process; a later process
     where the registry holds another value, or the default is another function, gets eager's
     answer."""
     (tmp_path / "regmod.py").write_text(_MODULE)

@@ -229,11 +229,14 @@ def read_through(tr: Any, obj: ObjectVar, owner: type, name: str, args: Sequence
     evaluated now. Where the object has a source its result is read through one that calls the
     method again, so the guards pin what was read (the entry for ``{'a': 2.0}`` must not replay
     once the entry says ``{'a': 5.0}``); the views ``keys``/``values``/``items`` are read as lists."""
+    from .sources import MethodRead, NamespaceRef
+
     view = name in _VIEW_METHODS
     value = getattr(owner, name)(obj.value, *args)
-    if obj.source is None:  # an object made while tracing: what it holds is the trace's own
+    if obj.source is None or isinstance(obj.source, NamespaceRef):
+        # an object made while tracing, or one the capture holds as a constant of the traced
+        # program (an introspection result: ``inspect.signature(f).parameters``)
         return tr.wrap(value, None)
-    from .sources import MethodRead
 
     src = MethodRead(obj.source, tr.out.ns(owner, owner.__name__), name,
                      tuple(_arg_text(tr, a) for a in args), view)

@@ -32,7 +32,9 @@ Recipes (found after a capture, by searching the call's arguments and the namesp
   same, and what the capture read from it is guarded as in the first process;
 * a snapshot of plain data (an object's whole ``__dict__``, guarded equal to it), rebuilt equal.
 
-Anything else in the namespace (an arbitrary object, a resume function after a graph break, a
+An object the namespace holds that neither the guards nor the graph call read (an
+``inspect.signature`` result, a constant of the traced program) needs no recipe. Anything else in
+the namespace (an arbitrary object, a resume function after a graph break, a
 symbolic size), or an entry with a prologue, means the capture is not persisted. On load every
 recipe is resolved and checked, then the entry's own guards run on the live arguments; any
 failure is a miss, and the frame is captured as usual. Rebinding makes identity guards trivially
@@ -60,6 +62,7 @@ import hashlib
 import json
 import logging
 import pathlib
+import re
 import sys
 import time
 import types
@@ -801,6 +804,11 @@ def _save(cf: Any, entry: Any, args: tuple, kwargs: dict) -> None:
     for name, obj in ns.items():
         if name in _SKIP:
             continue
+        if not re.search(rf"\b{re.escape(name)}\b", src):
+            # held by the capture but read by neither the guards nor the graph call (a
+            # constant of the traced program, such as an ``inspect.signature`` result)
+            recipes[name] = ["unused"]
+            continue
         recipes[name] = finder.recipe(name, obj)
     record = {"format": FORMAT_VERSION, "source": src, "guards": list(entry.guards),
               "graph": _dumps_graph(gm), "recipes": recipes, "files": finder.files,
@@ -874,7 +882,7 @@ def _load(cf: Any, rec: dict[str, Any], args: tuple, kwargs: dict,
     roots = _roots(fn, args, kwargs)
     recipes = rec["recipes"]
     ns: dict[str, Any] = {name: _resolve(r, fn, roots, rec["files"])
-                          for name, r in recipes.items() if r[0] != "attr_of"}
+                          for name, r in recipes.items() if r[0] not in ("attr_of", "unused")}
     for name, r in recipes.items():  # defaults of functions resolved above
         if r[0] == "attr_of":
             owner = ns[r[1]] if r[1] else fn
