@@ -379,6 +379,7 @@ class Tracer:
                 raise Unsupported(f"{name}: data-dependent operation ({cls}); its result "
                                   "depends on tensor values") from e
             raise Unsupported(f"{name} failed while tracing with fake tensors: {cls}: {e}") from e
+        _refuse_new_leaf(target, result, fargs, fkw)
         node = self.out.create_node(op, target, tuple(nargs), nkw)
         return self.wrap_result(node, result)
 
@@ -2016,6 +2017,24 @@ def _module_to(mv: NNModuleVar, args: list[Var], kwargs: dict[str, Var]) -> Var:
 #: Attributes of a function, other than those in its ``__dict__``, that user code may rebind
 #: and a traced program may read as values.
 _REBINDABLE_FN_ATTRS = frozenset({"__defaults__", "__kwdefaults__"})
+
+
+def _refuse_new_leaf(target: Any, result: Any, fargs: list[Any], fkw: dict[str, Any]) -> None:
+    """A call that makes a new tensor that requires grad and has no history (``torch.zeros(3,
+    requires_grad=True)``, ``t.requires_grad_()`` on a tensor made here) cannot be in a graph: in
+    eager it is a leaf of autograd that collects its own ``.grad``, while a graph output has a
+    history (or none, when no input requires grad). The frame runs eagerly there, as
+    torch.compile's graph break. A call returning one of its own arguments (``x.contiguous()``
+    of a leaf input) makes nothing new."""
+    outs = result if isinstance(result, (tuple, list)) else (result,)
+    for r in outs:
+        if isinstance(r, torch.Tensor) and r.requires_grad and r.is_leaf and \
+                not any(r is a for a in [*fargs, *fkw.values()]):
+            name = target if isinstance(target, str) else getattr(target, "__name__", target)
+            raise Unsupported(f"{name} creates a tensor that requires grad (a leaf of autograd, "
+                              "which collects its own .grad) inside the compiled region",
+                              hint="create it outside the compiled function and pass it in, "
+                                   "or make it an nn.Parameter of the module")
 
 
 def _python_original(fn: Any) -> types.FunctionType | None:
