@@ -973,10 +973,10 @@ def _tuple(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
 
 
 def _set(tr: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
-    from .containers import set_add
+    from .containers import set_update
     s = SetVar([])
-    for it in (tr.iterate(args[0]) if args else []):
-        set_add(s, it)
+    if args:
+        set_update(tr, s, args[0])
     return s
 
 

@@ -19,6 +19,47 @@ def set_add(s: SetVar, item: Var) -> None:
                 is_same(x, item):
             return
     s.items.append(item)
+    if s.shadow is not None:  # the same insertion into the real set that mirrors it
+        try:
+            if not isinstance(item, ConstVar):
+                raise TypeError
+            s.shadow.add(item.value)
+        except TypeError:
+            s.shadow = None
+
+
+def _real_set(v: Var) -> Any:
+    """The real set or frozenset behind ``v`` (a constant, a set read from outside, a set
+    mirrored while tracing), or None."""
+    if isinstance(v, ConstVar) and type(v.value) in (set, frozenset):
+        return v.value
+    if isinstance(v, SetVar):
+        if v.real is not None and not v.mutated:
+            return v.real
+        if v._shadow_in_sync():
+            return v.shadow
+    return None
+
+
+def set_update(tr: Any, s: SetVar, v: Var) -> None:
+    """``s |= v`` as Python does it (SET_UPDATE, ``set(v)``, ``set.update``): a real set into
+    an empty one is a copy of its table (``set_merge``), whose order the program's iteration
+    then follows; the mirror is updated the same way."""
+    real = _real_set(v) if s.shadow is not None and not s.items else None
+    if real is None:
+        for it in tr.iterate(v):
+            set_add(s, it)
+        return
+    items = list(tr.iterate(v))
+    by_value: dict[Any, Var] = {}
+    for it in items:
+        if not isinstance(it, ConstVar):
+            for it2 in items:
+                set_add(s, it2)
+            return
+        by_value.setdefault(it.value, it)
+    s.shadow.update(real)
+    s.items = [by_value[x] for x in s.shadow]
 
 
 def delitem(tr: Any, obj: Var, idx: Var) -> None:
@@ -217,12 +258,16 @@ def _set_method(tr: Any, obj: SetVar, name: str, args: list[Var], kwargs: dict[s
         set_add(obj, args[0])
     elif name == "update":
         for a in args:
-            for it in tr.iterate(a):
-                set_add(obj, it)
+            set_update(tr, obj, a)
     elif name == "discard" or name == "remove":
         before = len(obj.items)
         obj.items = [x for x in obj.items if not (x.is_const() and args[0].is_const() and
                                                    x.as_const() == args[0].as_const())]
+        if obj.shadow is not None:
+            if isinstance(args[0], ConstVar):
+                obj.shadow.discard(args[0].value)
+            else:
+                obj.shadow = None
         if name == "remove" and len(obj.items) == before:
             if not args[0].is_const():
                 raise Unsupported("set.remove of a non-constant")

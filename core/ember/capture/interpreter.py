@@ -1619,10 +1619,9 @@ class Frame:
         self.stack[-ins.arg].items.extend(self.tracer.iterate(v))
 
     def SET_UPDATE(self, ins):
-        from .containers import set_add
+        from .containers import set_update
         v = self.pop()
-        for it in self.tracer.iterate(v):
-            set_add(self.stack[-ins.arg], it)
+        set_update(self.tracer, self.stack[-ins.arg], v)
 
     def DICT_UPDATE(self, ins):
         v = self.pop()

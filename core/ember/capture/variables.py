@@ -214,6 +214,10 @@ class SetVar(Var):
         #: the set read from the outside world (``items`` are in its order): a set built anew
         #: from them may iterate in another order (collisions depend on insertion history)
         self.real = real
+        #: a set made while tracing: a real set that went through the same insertions and copies
+        #: as the program's (``containers.set_add``/``set_update``), while every item is a
+        #: constant; None once an item is not. It is what the program's set iterates like.
+        self.shadow: set | None = set() if not items and real is None else None
 
     def python_type(self) -> type:
         return self.cls
@@ -225,7 +229,16 @@ class SetVar(Var):
         if self.real is not None and not self.mutated:
             # a copy of a set keeps its table, and so the order ``''.join(s)`` reads it in
             return self.real if self.cls is frozenset else self.real.copy()
+        if self._shadow_in_sync():
+            # the mirror itself: a copy of a table with deleted slots can iterate in another
+            # order (set_merge re-inserts then), as the program's set does not
+            return self.shadow if self.cls is set else self.cls(self.shadow)
         return self.cls(i.as_const() for i in self.items)
+
+    def _shadow_in_sync(self) -> bool:
+        sh = self.shadow
+        return sh is not None and len(sh) == len(self.items) and \
+            all(isinstance(i, ConstVar) and i.value in sh for i in self.items)
 
     def ordered(self) -> list[Var]:
         """The items in the order Python iterates the real set (hash order, not insertion
@@ -233,6 +246,11 @@ class SetVar(Var):
         if (self.source is not None and not self.mutated) or \
                 not all(isinstance(i, ConstVar) for i in self.items):
             return list(self.items)  # a real set's items were read in its own order
+        if self._shadow_in_sync():
+            by_value: dict[Any, Var] = {}
+            for i in self.items:
+                by_value.setdefault(i.value, i)
+            return [by_value[x] for x in self.shadow]
         try:
             real: set = set()
             by_value = {}
