@@ -141,3 +141,27 @@ def test_index_add_refuses_a_negative_index_as_eager(codegen: str) -> None:
         f(a, bad, s)
     with pytest.raises(IndexError):
         cf(a, bad, s)
+
+
+@pytest.mark.parametrize("codegen", CODEGENS)
+@pytest.mark.parametrize("case", ["mask_minus_scalar", "scalar_minus_mask", "float_minus_mask",
+                                  "argmax_of_mask", "argmin_of_mask"])
+def test_ops_eager_refuses_on_bool_raise_eagers_error(codegen: str, case: str) -> None:
+    # the lowerings computed a value where ATen's kernel refuses a bool operand: subtraction
+    # ("Subtraction, the `-` operator, with a bool tensor is not supported") and argmax/argmin
+    # ("does not support bool input"); the compiled program now calls ATen there and raises
+    fns = {"mask_minus_scalar": lambda x: ((x > 0) - 1.5) * 2,
+           "scalar_minus_mask": lambda x: (1.5 - (x > 0)) * 2,
+           "float_minus_mask": lambda x: (x - (x > 0)) * 2,
+           "argmax_of_mask": lambda x: torch.argmax(x > 0, dim=0) + 1,
+           "argmin_of_mask": lambda x: torch.argmin(x > 0, dim=0) + 1}
+    f = fns[case]
+    x = torch.randn(6)
+    with pytest.raises(RuntimeError) as want:
+        f(x)
+    with pytest.raises(RuntimeError) as got:
+        compile_strict(f, {"cpu_codegen": codegen})(x)
+    assert str(got.value).split(".")[0] == str(want.value).split(".")[0]
+    # a max over bool (values and indices) stays compiled: ATen accepts it
+    g = lambda x: torch.max(x > 0, dim=0).indices + 1  # noqa: E731
+    assert torch.equal(compile_strict(g, {"cpu_codegen": codegen})(x), g(x))

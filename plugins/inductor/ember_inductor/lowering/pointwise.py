@@ -101,6 +101,10 @@ def add(a: Any, b: Any, alpha: Any = 1) -> Any:
 
 @register(aten.sub.Tensor, aten.sub.Scalar)
 def sub(a: Any, b: Any, alpha: Any = 1) -> Any:
+    if any(type(v) is bool or getattr(v, "dtype", None) is torch.bool for v in (a, b, alpha)):
+        # ATen refuses (``mask - 1.5``: "Subtraction ... with a bool tensor is not supported"):
+        # its kernel, called at run time, raises eager's error
+        raise Unsupported("subtraction with a bool operand")
     if alpha == 1:
         return pointwise(lambda x, y: ops.sub(x, y), [a, b])
     return pointwise(lambda x, y, al: ops.sub(x, ops.mul(y, al)), [a, b, alpha])

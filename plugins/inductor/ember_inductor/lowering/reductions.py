@@ -188,11 +188,15 @@ def _arg(x: Any, dim: Any, keepdim: bool, rtype: str) -> Any:
 
 @register(aten.argmax.default)
 def argmax(x: Any, dim: Any = None, keepdim: bool = False) -> Any:
+    if x.dtype is torch.bool:  # ATen refuses: its kernel, called at run time, raises
+        raise Unsupported("argmax of bool")
     return _arg(x, dim, keepdim, "argmax")
 
 
 @register(aten.argmin.default)
 def argmin(x: Any, dim: Any = None, keepdim: bool = False) -> Any:
+    if x.dtype is torch.bool:  # ATen refuses: its kernel, called at run time, raises
+        raise Unsupported("argmin of bool")
     return _arg(x, dim, keepdim, "argmin")
 
 
