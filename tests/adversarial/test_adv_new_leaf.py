@@ -49,3 +49,21 @@ def test_a_call_returning_its_leaf_argument_stays_in_the_graph():
     out = ember.compile(f, backend="aot_eager")(x)
     assert out.grad_fn is not None
     assert ember.last_capture().break_reason is None
+
+
+def test_views_of_parameters_under_no_grad_stay_in_the_graph():
+    """Under ``no_grad`` a view of a parameter (``weight.T``, ``weight[0]``) is a leaf that
+    requires grad in eager as well: it is its base's view, nothing new (Falcon's and DeBERTa's
+    forwards read ``self.weight.T``)."""
+    lin = torch.nn.Linear(3, 4)
+
+    def f(x):
+        return x @ lin.weight.T + lin.weight[0].sum()
+
+    ember.reset()
+    x = torch.randn(2, 3)
+    with torch.no_grad():
+        got = ember.compile(f, backend="aot_eager")(x)
+        want = f(x)
+    torch.testing.assert_close(got, want)
+    assert ember.last_capture().break_reason is None

@@ -2024,11 +2024,12 @@ def _refuse_new_leaf(target: Any, result: Any, fargs: list[Any], fkw: dict[str, 
     eager it is a leaf of autograd that collects its own ``.grad``, while a graph output has a
     history (or none, when no input requires grad). The frame runs eagerly there, as
     torch.compile's graph break. A call returning one of its own arguments (``x.contiguous()``
-    of a leaf input) makes nothing new."""
+    of a leaf input) makes nothing new, nor does a view (``weight.T`` under ``no_grad`` is a
+    leaf that requires grad in eager too: its base's)."""
     outs = result if isinstance(result, (tuple, list)) else (result,)
     for r in outs:
         if isinstance(r, torch.Tensor) and r.requires_grad and r.is_leaf and \
-                not any(r is a for a in [*fargs, *fkw.values()]):
+                not r._is_view() and not any(r is a for a in [*fargs, *fkw.values()]):
             name = target if isinstance(target, str) else getattr(target, "__name__", target)
             raise Unsupported(f"{name} creates a tensor that requires grad (a leaf of autograd, "
                               "which collects its own .grad) inside the compiled region",
