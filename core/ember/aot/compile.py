@@ -137,11 +137,12 @@ class AOTCompiled:
     # -- variants ------------------------------------------------------------------------
     def _key(self, inputs: Sequence[Any]) -> Any:
         # requires_grad only: never sizes (one variant serves every size under dynamic shapes)
-        rg = tuple(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
         if torch.is_grad_enabled():
+            rg = tuple(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
             if any(rg):
                 return rg
-        elif any(rg) and self._enables_grad:
+        elif self._enables_grad and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                        for t in inputs):
             # Called with grad mode off, the graph turns it on (the rest of a ``no_grad`` block
             # split by a graph break): what it computes from then on is differentiable, which
             # neither variant models (inference runs without autograd; a training variant's

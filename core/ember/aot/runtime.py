@@ -143,12 +143,23 @@ class ForwardOnly:
     # dynamic shapes: guards AOT's tracing added (checked by AOTCompiled before each call)
     size_guards: Any = None
 
-    def __call__(self, inputs: Sequence[torch.Tensor]) -> Any:
+    def _run(self, inputs: Sequence[torch.Tensor]) -> Any:
         # No output of an inference graph is differentiable (AOT found none that requires grad,
         # or grad mode is off): inputs that require grad must not give the graph's results a
-        # history (a result computed under ``no_grad`` inside the graph, say).
-        with _no_autocast(), torch.no_grad():
-            outs = self.fw(*inputs)
+        # history (a result computed under ``no_grad`` inside the graph, say). Grad mode is
+        # switched off only where it is on (a no_grad context costs ~1 us per call).
+        grad = torch.is_grad_enabled()
+        if grad:
+            torch._C._set_grad_enabled(False)
+        try:
+            with _no_autocast():
+                return self.fw(*inputs)
+        finally:
+            if grad:
+                torch._C._set_grad_enabled(True)
+
+    def __call__(self, inputs: Sequence[torch.Tensor]) -> Any:
+        outs = self._run(inputs)
         n = len(self.info.graph_out_flat)
         if not self.checked:
             try:
@@ -156,8 +167,7 @@ class ForwardOnly:
                               ints=self.info.graph_out_sym)
             except BackendCompilerFailed as e:
                 self.fw = _fall_back(e, self.graph, "inference")
-                with _no_autocast(), torch.no_grad():
-                    outs = self.fw(*inputs)
+                outs = self._run(inputs)
             self.checked = True
         if self.info.meta_mutated:  # first: the new values have the new shapes
             _apply_metadata(self.info, inputs)

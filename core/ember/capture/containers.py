@@ -20,11 +20,12 @@ def set_add(s: SetVar, item: Var) -> None:
             return
     s.items.append(item)
     if s.shadow is not None:  # the same insertion into the real set that mirrors it
+        if not isinstance(item, ConstVar):
+            s.shadow = None
+            return
         try:
-            if not isinstance(item, ConstVar):
-                raise TypeError
             s.shadow.add(item.value)
-        except TypeError:
+        except TypeError:  # unhashable
             s.shadow = None
 
 
@@ -45,21 +46,14 @@ def set_update(tr: Any, s: SetVar, v: Var) -> None:
     """``s |= v`` as Python does it (SET_UPDATE, ``set(v)``, ``set.update``): a real set into
     an empty one is a copy of its table (``set_merge``), whose order the program's iteration
     then follows; the mirror is updated the same way."""
+    items = list(tr.iterate(v))
     real = _real_set(v) if s.shadow is not None and not s.items else None
-    if real is None:
-        for it in tr.iterate(v):
+    if real is None or not all(isinstance(it, ConstVar) for it in items):
+        for it in items:
             set_add(s, it)
         return
-    items = list(tr.iterate(v))
-    by_value: dict[Any, Var] = {}
-    for it in items:
-        if not isinstance(it, ConstVar):
-            for it2 in items:
-                set_add(s, it2)
-            return
-        by_value.setdefault(it.value, it)
+    s.items = items  # iterated in the mirror's order (SetVar.ordered)
     s.shadow.update(real)
-    s.items = [by_value[x] for x in s.shadow]
 
 
 def delitem(tr: Any, obj: Var, idx: Var) -> None:

@@ -2022,8 +2022,8 @@ def _refuse_new_leaf(target: Any, result: Any, fargs: list[Any], fkw: dict[str, 
     """A call that makes a new tensor that requires grad and has no history (``torch.zeros(3,
     requires_grad=True)``, ``t.requires_grad_()`` on a tensor made here) cannot be in a graph: in
     eager it is a leaf of autograd that collects its own ``.grad``, while a graph output has a
-    history (or none, when no input requires grad). The frame runs eagerly there, as
-    torch.compile's graph break. A call returning one of its own arguments (``x.contiguous()``
+    history (or none, when no input requires grad). The frame runs eagerly there (a graph
+    break). A call returning one of its own arguments (``x.contiguous()``
     of a leaf input) makes nothing new, nor does a view (``weight.T`` under ``no_grad`` is a
     leaf that requires grad in eager too: its base's)."""
     outs = result if isinstance(result, (tuple, list)) else (result,)

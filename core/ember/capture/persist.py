@@ -240,13 +240,12 @@ def _check_named(obj: Any, mod: str, qual: str) -> None:
         raise _Refuse(f"{mod}.{qual} is now {obj!r}")
 
 
-def _consts(values: Any, finder: "_Finder | None" = None) -> str:
+def _consts(values: Any, finder: "_Finder") -> str:
     """A function's defaults as text: constants by type and repr, functions and classes by
     what they are (:meth:`_Finder.default`)."""
-    f = finder if finder is not None else _Finder(None, {})
     if isinstance(values, dict):
-        return json.dumps({k: f.default(v) for k, v in values.items()}, sort_keys=True)
-    return json.dumps([f.default(v) for v in values])
+        return json.dumps({k: finder.default(v) for k, v in values.items()}, sort_keys=True)
+    return json.dumps([finder.default(v) for v in values])
 
 
 def _code_path(code: types.CodeType, target: Any, depth: int = 4) -> list[int] | None:

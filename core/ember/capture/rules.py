@@ -97,8 +97,8 @@ def _state_changers() -> set[Any]:
 
 
 def _innermost(fn: Any) -> Any:
-    """``fn`` without its ``functools.wraps`` wrappers (importing torch._dynamo, which torch's
-    own code does lazily, rebinds ``torch.manual_seed`` to a new wrapper of it)."""
+    """``fn`` without its ``functools.wraps`` wrappers (torch rebinds ``torch.manual_seed`` to a
+    new wrapper of it when one of its own modules is imported lazily, mid-process)."""
     seen = 0
     while seen < 16:
         inner = getattr(fn, "__wrapped__", None) if isinstance(fn, types.FunctionType) else None

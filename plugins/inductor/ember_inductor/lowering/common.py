@@ -146,7 +146,7 @@ def pointwise(fn: Callable[..., Any], inputs: Sequence[Any], compute_dtype: torc
     loaders = [loader(x, size, compute_dtype, exact_scalars) for x in inputs]
 
     # float16/bfloat16 values are computed in float32, and a fused consumer reads the unrounded
-    # result (as torch.compile's kernels do: within 16-bit tolerances, but ones(half) * 0.1 ==
+    # result (fused kernels' usual choice: within 16-bit tolerances, but ones(half) * 0.1 ==
     # 0.1 is false, eager's true). Option emulate_precision_casts (GraphLowering.round_16bit):
     # each op's result rounded to its dtype here, as eager stores it (bfloat16 chains ~3x slower)
     rounds = out_dtype in _HALVES and compute_dtype in _HALVES and \
