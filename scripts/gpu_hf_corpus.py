@@ -24,6 +24,7 @@ def main() -> int:
     ap.add_argument("--backend", default="inductor")
     ap.add_argument("--budget", type=float, default=240.0)
     ap.add_argument("--modes", default="eval,train")
+    ap.add_argument("--shard", default="", help="k/n: every n-th model starting at k")
     ap.add_argument("names", nargs="*")
     a = ap.parse_args()
     os.environ.setdefault("EMBER_HF_DEVICE", "cuda")
@@ -31,6 +32,9 @@ def main() -> int:
     from tests.hf import harness, models
 
     names = a.names or list(models.SPECS)
+    if a.shard:
+        k, n = (int(x) for x in a.shard.split("/"))
+        names = names[k::n]
     t_end = time.time() + a.budget
     counts = {"pass": 0, "wrong": 0, "fallback": 0, "error": 0}
     done = 0

@@ -40,6 +40,8 @@ def main() -> None:
     ap.add_argument("--size", default="full")
     ap.add_argument("--out", default=".")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--compile-mode", default=None,
+                    help="mode of both compilers (reduce-overhead: CUDA graphs)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     import copy
@@ -53,7 +55,9 @@ def main() -> None:
     for name in ("eager", "ember", "torch"):
         m = copy.deepcopy(base)
         m.train(args.mode == "train")
-        f = m if name == "eager" else ember.compile(m) if name == "ember" else torch.compile(m)
+        kw = {"mode": args.compile_mode} if args.compile_mode else {}
+        f = m if name == "eager" else (ember.compile(m, **kw) if name == "ember"
+                                       else torch.compile(m, **kw))
         if args.mode == "infer":
             def step(f=f):
                 with torch.no_grad(), torch.autocast("cuda", torch.bfloat16):
@@ -70,7 +74,8 @@ def main() -> None:
         print(f"{name}: first call {time.perf_counter() - t0:.2f} s", flush=True)
         fns[name] = step
     times = {n: _time(f) for n, f in fns.items()}
-    lines = [f"{args.model} {args.mode} {args.size} bf16 autocast, {torch.cuda.get_device_name(0)}"]
+    lines = [f"{args.model} {args.mode} {args.size} bf16 autocast, mode {args.compile_mode}, "
+             f"{torch.cuda.get_device_name(0)}"]
     for n, t in times.items():
         lines.append(f"{n:6} {t:8.3f} ms  {times['eager'] / t:5.2f}x eager")
     print("\n".join(lines), flush=True)
@@ -82,7 +87,7 @@ def main() -> None:
         table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=args.top,
                                           max_name_column_width=70)
         lines += ["", f"== {n} (5 steps)", table]
-    with open(os.path.join(args.out, f"profile_{args.model}_{args.mode}.txt"), "w") as fh:
+    with open(os.path.join(args.out, f"profile_{args.model}_{args.mode}_{args.compile_mode or 'default'}.txt"), "w") as fh:
         fh.write("\n".join(lines) + "\n")
 
 

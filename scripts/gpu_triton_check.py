@@ -208,25 +208,35 @@ print(json.dumps({"seconds": time.perf_counter() - t, "ok": bool(torch.allclose(
     result("warm_start", {"cold": runs[0], "warm": runs[1]})
 
 
+PARTS = ("launch", "bandwidth", "warm", "zoo_small", "zoo_full")
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=".")
+    p.add_argument("--parts", default=",".join(PARTS), help="comma-separated, of " + ", ".join(PARTS))
     a = p.parse_args()
+    want = set(a.parts.split(","))
     Path(a.out).mkdir(parents=True, exist_ok=True)
     OUT[0] = a.out
     import triton
     result("versions", {"torch": torch.__version__, "triton": triton.__version__,
                         "gpu": torch.cuda.get_device_name(0)})
-    part(launch_overhead)
-    part(bandwidth)
-    part(warm_start)
+    if "launch" in want:
+        part(launch_overhead)
+    if "bandwidth" in want:
+        part(bandwidth)
+    if "warm" in want:
+        part(warm_start)
     # fp32 correctness without TF32 (convolutions and matmuls default to TF32 on this GPU:
     # a difference there is cuDNN's, not Ember's)
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
-    part(lambda: zoo("small", budget=45))
+    if "zoo_small" in want:
+        part(lambda: zoo("small", budget=45))
     torch.backends.cudnn.allow_tf32 = True
-    part(lambda: zoo("full", amp=True, budget=max(0.0, 140 - (time.time() - T0))))
+    if "zoo_full" in want:
+        part(lambda: zoo("full", amp=True, budget=max(0.0, 140 - (time.time() - T0))))
     Path(a.out, "check.json").write_text(json.dumps(results, indent=1, default=str))
 
 

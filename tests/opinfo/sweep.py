@@ -50,6 +50,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 HERE = Path(__file__).resolve().parent
 ORACLE = HERE / "oracle.json"
 DTYPE = torch.float32
+#: ``--device``: where the samples are made (``cuda``: the GPU targets, Triton's for inductor)
+DEVICE = "cpu"
 #: Ops whose outputs hold uninitialized memory: only their metadata is compared.
 UNDEFINED_VALUES = {"empty", "empty_like", "empty_strided", "empty_permuted", "new_empty",
                     "new_empty_strided"}
@@ -131,7 +133,7 @@ def selected_ops(names: set[str] | None = None) -> list[Any]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from torch.testing._internal.common_methods_invocations import op_db
-    ops = [op for op in op_db if DTYPE in op.supported_dtypes("cpu")]
+    ops = [op for op in op_db if DTYPE in op.supported_dtypes(DEVICE)]
     if names:
         ops = [op for op in ops if op_key(op) in names or op.name in names]
     return ops
@@ -156,7 +158,7 @@ def cases_for(op: Any, n_samples: int) -> Iterator[Case]:
     grad = bool(op.supports_autograd) and GRAD and not INPLACE
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        gen = op.sample_inputs("cpu", DTYPE, requires_grad=grad)
+        gen = op.sample_inputs(DEVICE, DTYPE, requires_grad=grad)
         samples = list(itertools.islice(gen, n_samples))
     for i, s in enumerate(samples):
         src, consts, tensors = _build_source(s)
@@ -177,8 +179,9 @@ class Run:
 
 def _grad_outputs(outs: list[torch.Tensor]) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(1234)
-    return [torch.randn(o.shape, generator=g, dtype=torch.float64).to(o.dtype) if not o.is_complex()
-            else torch.randn(o.shape, generator=g, dtype=o.dtype) for o in outs]
+    return [torch.randn(o.shape, generator=g, dtype=torch.float64).to(o.device, o.dtype)
+            if not o.is_complex() else torch.randn(o.shape, generator=g, dtype=o.dtype).to(o.device)
+            for o in outs]
 
 
 def run_case(case: Case, fn: Callable[..., Any], seed: int = 0) -> Run:
@@ -519,7 +522,11 @@ def _sweep(args: argparse.Namespace) -> int:
     results: dict[str, dict[str, Any]] = {}
     totals = {b: collections.Counter() for b in backends + [f"torch:{b}" for b in oracle_backends]}
     t_start = time.perf_counter()
+    reached = 0
     for op in ops:
+        if args.deadline and time.perf_counter() - t_start > args.deadline:
+            break
+        reached += 1
         try:
             cases = list(cases_for(op, args.samples))
         except Exception as e:  # noqa: BLE001 - a broken sample generator is not ours
@@ -550,9 +557,11 @@ def _sweep(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - t_start
     for b, c in totals.items():
         print(f"{b}: {dict(c)}  ({sum(c.values())} samples)")
-    print(f"elapsed: {elapsed:.0f}s")
+    print(f"elapsed: {elapsed:.0f}s, {reached} of {len(ops)} ops reached")
     if args.out:
         Path(args.out).write_text(json.dumps({"torch": torch.__version__, "samples": args.samples,
+                                              "device": DEVICE, "ops_reached": reached,
+                                              "ops": len(ops),
                                               "results": results}, indent=0, sort_keys=True))
     if args.write_oracle:
         old = load_oracle()
@@ -634,9 +643,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="float32",
                    help="the samples' dtype (float32, float64, int64, int32, uint8, bool, ...); "
                         "not a floating dtype: no gradients")
+    p.add_argument("--device", default="cpu",
+                   help="where the samples are made (cuda: inductor's Triton target on a GPU)")
+    p.add_argument("--deadline", type=float, default=0.0,
+                   help="seconds after which no new op starts (0: none)")
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
-    global GRAD, INPLACE, DYNAMIC, DTYPE
+    global GRAD, INPLACE, DYNAMIC, DTYPE, DEVICE
+    DEVICE = args.device
     DTYPE = getattr(torch, args.dtype)
     if not DTYPE.is_floating_point:
         GRAD = False
