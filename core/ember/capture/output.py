@@ -681,6 +681,25 @@ def signature_source(code: types.CodeType) -> str:
     return ", ".join(parts)
 
 
+def conjunct(guard: str) -> str:
+    """``guard`` as one term of the entry's ``a and b and ...``: a guard whose top level binds
+    more loosely than ``and`` (a symbolic relation printed as ``x > 0 or y > 0``, a conditional
+    expression, a lambda) goes in parentheses, or its ``or`` would split the whole chain (every
+    guard before it would then be optional)."""
+    if " or " not in guard and " if " not in guard and "lambda" not in guard and ":=" not in guard:
+        return guard
+    import ast
+
+    try:
+        top = ast.parse(guard.strip(), mode="eval").body
+    except SyntaxError:
+        return f"({guard})"
+    if isinstance(top, ast.BoolOp) and isinstance(top.op, ast.And) or \
+            not isinstance(top, (ast.BoolOp, ast.IfExp, ast.Lambda, ast.NamedExpr)):
+        return guard
+    return f"({guard})"
+
+
 def entry_source(fn: Callable[..., Any], out: OutputGraph, has_graph: bool,
                  input_exprs: list[str], body: list[str], prologue: tuple[str, ...] = ()) -> str:
     """The entry function's source: guards, graph call, side effects, result (or break)."""
@@ -688,7 +707,7 @@ def entry_source(fn: Callable[..., Any], out: OutputGraph, has_graph: bool,
     # The function being called comes first: functions sharing this code object share entries,
     # and each call's guards read that call's own function (closure, defaults, globals).
     sig = f"{FN}, {sig}" if sig else FN
-    guard_expr = " and\n            ".join(out.guards.exprs) or "True"
+    guard_expr = " and\n            ".join(map(conjunct, out.guards.exprs)) or "True"
     lines = [f"def ___entry({sig}):",
              "    try:",
              f"        if not ({guard_expr}):",
