@@ -10,6 +10,7 @@
 #      and training (GPT-2, BERT, resnet50), bf16 autocast, eager vs Ember vs torch.compile.
 #   c  cold and warm compile in fresh processes (GPT-2, BERT, resnet50), then profiles of
 #      mode="reduce-overhead" training (resnet50, GPT-2, small sizes).
+#   ab a with deadlines of about 190 s, then the inference table (GPT-2, BERT, resnet50).
 set -uo pipefail
 what="${1:-a}"
 OUT="${OUT:-$PWD/gpu_out}"; mkdir -p "$OUT"
@@ -28,28 +29,31 @@ unset TRITON_INTERPRET
 T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$W/summary.txt"; }
 
+# ab: a, shortened (deadlines about 200 s), then b's inference table (GPT-2, BERT, resnet50)
+S=${SHORT:-0}; [ "$what" = ab ] && S=1
+DL=330; [ "$S" = 1 ] && DL=190
 case "$what" in
-a)
+a|ab)
   timeout 120 python3 scripts/gpu_triton_check.py --parts launch,bandwidth --out "$W/check_launch" \
     >"$W/check_launch.log" 2>&1
   stamp "launch/bandwidth rc=$?"
-  EMBER_TRITON_DEVICE=cuda timeout 330 python3 -m pytest -q -p no:cacheprovider \
+  EMBER_TRITON_DEVICE=cuda timeout $((DL + 60)) python3 -m pytest -q -p no:cacheprovider \
     tests/inductor_triton >"$W/tests_triton.log" 2>&1 &
   timeout 200 python3 -m pytest -q -p no:cacheprovider -rs tests/cudagraphs >"$W/tests_cg.log" 2>&1 &
-  timeout 300 python3 scripts/gpu_triton_check.py --parts warm,zoo_small,zoo_full \
+  timeout $((DL + 60)) python3 scripts/gpu_triton_check.py --parts warm,zoo_small,zoo_full \
     --out "$W/check_rest" >"$W/check_rest.log" 2>&1 &
   for k in 0 1 2 3 4 5; do
-    EMBER_TRITON_COMPILE_WORKERS=0 timeout 420 python3 tests/opinfo/sweep.py --device cuda \
-      --backends inductor --samples 3 --shard $k/6 --deadline 330 --time-limit 60 \
+    EMBER_TRITON_COMPILE_WORKERS=0 timeout $((DL + 80)) python3 tests/opinfo/sweep.py --device cuda \
+      --backends inductor --samples 3 --shard $k/6 --deadline $DL --time-limit 60 \
       --out "$W/sweep_ember_$k.json" >"$W/sweep_ember_$k.log" 2>&1 &
   done
   for k in 0 1 2; do
-    TORCHINDUCTOR_COMPILE_THREADS=1 timeout 420 python3 tests/opinfo/sweep.py --device cuda \
-      --oracle inductor --samples 3 --shard $k/3 --deadline 330 --time-limit 60 \
+    TORCHINDUCTOR_COMPILE_THREADS=1 timeout $((DL + 80)) python3 tests/opinfo/sweep.py --device cuda \
+      --oracle inductor --samples 3 --shard $k/3 --deadline $DL --time-limit 60 \
       --out "$W/sweep_torch_$k.json" >"$W/sweep_torch_$k.log" 2>&1 &
   done
   for k in 0 1 2 3 4; do
-    EMBER_TRITON_COMPILE_WORKERS=2 timeout 400 python3 scripts/gpu_hf_corpus.py --budget 330 \
+    EMBER_TRITON_COMPILE_WORKERS=2 timeout $((DL + 70)) python3 scripts/gpu_hf_corpus.py --budget $DL \
       --shard $k/5 >"$W/hf_$k.log" 2>&1 &
   done
   wait
@@ -58,6 +62,13 @@ a)
   grep -h -E "samples\)|reached" "$W"/sweep_*.log >>"$W/summary.txt"
   grep -h SUMMARY "$W"/hf_*.log >>"$W/summary.txt"
   grep -h RESULT "$W"/check_*.log | cut -c1-600 >>"$W/summary.txt"
+  if [ "$what" = ab ]; then
+    timeout 190 python3 -m benchmarks run --device cuda --mode infer --amp \
+      --models gpt2,bert,resnet50 --backends eager,ember-inductor,torch-inductor \
+      --deadline 140 --no-overhead --compile-probes none --out "$W/bench" >"$W/bench_infer.log" 2>&1
+    stamp "infer rc=$?"
+    grep -h -E "ms|x " "$W"/bench_infer.log | tail -20 >>"$W/summary.txt"
+  fi
   ;;
 b)
   timeout 250 python3 -m benchmarks run --device cuda --mode infer --amp \
