@@ -31,7 +31,7 @@ stamp() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$W/summary.txt"; }
 
 # ab: a, shortened (deadlines about 200 s), then b's inference table (GPT-2, BERT, resnet50)
 S=${SHORT:-0}; [ "$what" = ab ] && S=1
-DL=330; [ "$S" = 1 ] && DL=190
+DL=330; [ "$S" = 1 ] && DL=190; DL=${DL_OVERRIDE:-$DL}
 case "$what" in
 a|ab)
   timeout 120 python3 scripts/gpu_triton_check.py --parts launch,bandwidth --out "$W/check_launch" \
@@ -63,9 +63,9 @@ a|ab)
   grep -h SUMMARY "$W"/hf_*.log >>"$W/summary.txt"
   grep -h RESULT "$W"/check_*.log | cut -c1-600 >>"$W/summary.txt"
   if [ "$what" = ab ]; then
-    timeout 190 python3 -m benchmarks run --device cuda --mode infer --amp \
+    timeout $((DL + 40)) python3 -m benchmarks run --device cuda --mode infer --amp \
       --models gpt2,bert,resnet50 --backends eager,ember-inductor,torch-inductor \
-      --deadline 140 --no-overhead --compile-probes none --out "$W/bench" >"$W/bench_infer.log" 2>&1
+      --deadline $((DL - 40)) --no-overhead --compile-probes none --out "$W/bench" >"$W/bench_infer.log" 2>&1
     stamp "infer rc=$?"
     grep -h -E "ms|x " "$W"/bench_infer.log | tail -20 >>"$W/summary.txt"
   fi
