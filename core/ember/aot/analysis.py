@@ -149,6 +149,66 @@ def _geometry(t: torch.Tensor) -> tuple[tuple[Any, ...], tuple[Any, ...], Any]:
             expr_of(t.storage_offset()))
 
 
+def _output_base(flat: list[Any], k: int, own: set[int]) -> int | None:
+    """The output that output ``k`` is regenerated as a view of (its position), or None when
+    the graph returns ``k`` itself. A base is the largest output holding every element of ``k``
+    (the first of equal ones), before or after ``k``: returned as separate buffers, a view and
+    its base would no longer share memory, and a write through one after a graph break would
+    not reach the other. The base chosen is itself returned by the graph (no output holds it
+    but its equals, of which it is the first)."""
+    if k not in own:
+        return None
+    o = flat[k]
+    holders = [j for j in own if j != k and torch._C._is_alias_of(o, flat[j])
+               and _inside(o, flat[j])]
+    bigger = [j for j in holders if not _inside(flat[j], o)]
+    if bigger:
+        top = [j for j in bigger if not any(_inside(flat[j], flat[c]) and not
+                                            _inside(flat[c], flat[j]) for c in bigger if c != j)]
+        return min(top)
+    equal = [j for j in holders if j < k]
+    return min(equal) if equal else None
+
+
+def _refuse_unrelated_overlaps(flat: list[Any], own: set[int]) -> None:
+    """Two outputs that share elements while neither holds the other and no output holds both
+    (``y[1:]`` and ``y[:-1]`` of an intermediate ``y`` the graph does not return) cannot both be
+    regenerated as views; returned as separate buffers, a write through one after a graph
+    break would not reach the other. Such a graph runs eagerly."""
+    groups: dict[int, list[int]] = {}
+    for k in sorted(own):
+        if _output_base(flat, k, own) is None:  # a root: returned by the graph itself
+            key = next((r for r in groups if torch._C._is_alias_of(flat[k], flat[r])), k)
+            groups.setdefault(key, []).append(k)
+    for roots in groups.values():
+        for a_i, a in enumerate(roots):
+            for b in roots[a_i + 1:]:
+                if _bytes_meet(flat[a], flat[b]):
+                    from ..exc import Unsupported
+                    raise Unsupported("two outputs of the graph share memory without either "
+                                      "being a view of the other (overlapping views of a value "
+                                      "the graph does not return)")
+
+
+def _bytes_meet(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Do the byte spans of ``a`` and ``b`` (views of one storage) intersect? Not decided for
+    symbolic geometry (deciding would add guards on the sizes; ``_inside`` is not decided there
+    either): such outputs stay separate buffers, a gap of dynamic shapes."""
+    if any(is_sym(v) for t in (a, b) for v in (*t.shape, *t.stride(), t.storage_offset())):
+        return False
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+
+    def span(t: torch.Tensor) -> tuple[int, int]:
+        lo = hi = t.storage_offset()
+        for size, stride in zip(t.shape, t.stride()):
+            lo += min(0, (size - 1) * stride)
+            hi += max(0, (size - 1) * stride)
+        return lo * t.element_size(), (hi + 1) * t.element_size()
+    (alo, ahi), (blo, bhi) = span(a), span(b)
+    return alo < bhi and blo < ahi
+
+
 def _inside(o: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether every byte ``o`` addresses is one ``b`` addresses (``b`` non-overlapping and
     dense, ``o`` within its span). Only then may ``o`` be regenerated as a view of ``b``: two
@@ -233,6 +293,10 @@ def analyze(gm: Any, tensors: Sequence[Any], requires_grad: Sequence[bool],
 
     outputs: list[OutputInfo] = []
     graph_out_flat: list[int] = []
+    # the tensor outputs that alias no input: the graph's own (one may be a view of another)
+    own = {k for k, o in enumerate(flat) if isinstance(o, torch.Tensor)
+           and not any(torch._C._is_alias_of(o, f) for _, f in tfakes)}
+    _refuse_unrelated_overlaps(flat, own)
     for k, o in enumerate(flat):
         if is_sym(o):  # a size computed by the graph (dynamic shapes): the graph returns it
             outputs.append(OutputInfo("graph", len(graph_out_flat)))
@@ -252,16 +316,13 @@ def analyze(gm: Any, tensors: Sequence[Any], requires_grad: Sequence[bool],
                                   base_offset=expr_of(f.storage_offset()))
                 break
         if info is None:
-            for j in range(k):
+            j = _output_base(flat, k, own)
+            if j is not None:
                 b = flat[j]
-                if (isinstance(b, torch.Tensor) and outputs[j].kind == "graph"
-                        and torch._C._is_alias_of(o, b) and _inside(o, b)):
-                    same = o is b
-                    info = OutputInfo("output_alias", j, og[0], og[1],
-                                      expr_of(o.storage_offset() * o.element_size()
-                                              - b.storage_offset() * b.element_size()), same,
-                                      dtype=o.dtype)
-                    break
+                info = OutputInfo("output_alias", j, og[0], og[1],
+                                  expr_of(o.storage_offset() * o.element_size()
+                                          - b.storage_offset() * b.element_size()), o is b,
+                                  dtype=o.dtype)
         if info is None:
             info = OutputInfo("graph", len(graph_out_flat))
             graph_out_flat.append(k)

@@ -34,34 +34,35 @@ class DoubleBackwardError(EmberError):
 
 
 def _regenerate(info: GraphInfo, inputs: Sequence[Any], graph_outs: Sequence[Any]) -> Any:
-    flat: list[Any] = []
+    # an output that aliases another may come before it: the graph's own outputs first
+    flat: list[Any] = [graph_outs[o.index] if o.kind == "graph" else None for o in info.outputs]
     # dynamic shapes: the aliases' geometry evaluated for this call's sizes
     geo = info.geometry(inputs) if info.geometry is not None else None
     for k, o in enumerate(info.outputs):
         if o.kind == "graph":
-            flat.append(graph_outs[o.index])
+            continue
         elif o.kind == "input_alias":
             base = inputs[o.index]
             if o.same:
-                flat.append(base)
+                flat[k] = base
                 continue
             if o.detached:
                 base = base.detach()
             size, stride, offset, base_offset = (geo[k] if geo is not None else
                                                  (o.size, o.stride, o.offset, o.base_offset))
-            flat.append(input_alias(base, size, stride, offset, base_offset, o.dtype))
+            flat[k] = input_alias(base, size, stride, offset, base_offset, o.dtype)
         elif o.kind == "output_alias":
             base = flat[o.index]
             if o.same:
-                flat.append(base)
+                flat[k] = base
             else:
                 if o.detached:
                     base = base.detach()
                 size, stride, offset, _ = geo[k] if geo is not None else (o.size, o.stride,
                                                                             o.offset, 0)
-                flat.append(output_alias(base, size, stride, offset, o.dtype))
+                flat[k] = output_alias(base, size, stride, offset, o.dtype)
         else:
-            flat.append(o.value)
+            flat[k] = o.value
     return pytree.tree_unflatten(flat, info.out_spec)
 
 

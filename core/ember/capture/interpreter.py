@@ -367,6 +367,7 @@ class Tracer:
             dispatch = composite_dispatch()
         else:
             dispatch = _NULL
+        _refuse_overlapping_write(target, fargs, fkw)
         try:
             with self.out.fake_mode, dispatch:
                 result = fake_fn(*fargs, **fkw)
@@ -2016,6 +2017,100 @@ def _module_to(mv: NNModuleVar, args: list[Var], kwargs: dict[str, Var]) -> Var:
 #: Attributes of a function, other than those in its ``__dict__``, that user code may rebind
 #: and a traced program may read as values.
 _REBINDABLE_FN_ATTRS = frozenset({"__defaults__", "__kwdefaults__"})
+
+
+#: In-place operators (``x += y`` and their dunder methods): the first operand is written.
+_INPLACE_OPERATORS = frozenset(
+    f"{p}{n}{q}" for n in ("iadd", "isub", "imul", "itruediv", "ifloordiv", "imod", "ipow",
+                           "iand", "ior", "ixor", "ilshift", "irshift", "imatmul")
+    for p, q in (("", ""), ("__", "__")))
+#: Offsets compared element by element up to this many elements per tensor (beyond: ranges only)
+_OVERLAP_EXACT_LIMIT = 1 << 16
+
+
+def _refuse_overlapping_write(target: Any, fargs: list[Any], fkw: dict[str, Any]) -> None:
+    """An op that writes a tensor (an in-place method, ``x += y``, ``out=``) whose memory overlaps
+    another tensor operand without being the same view, or whose own elements overlap (an
+    ``expand``-ed tensor), runs eagerly: eager either raises ("unsupported operation: some
+    elements of the input tensor and the written-to tensor refer to a single memory location")
+    or computes element by element in memory order (``y[1:].add_(y[:-1])`` on a non-contiguous
+    ``y`` reads values written by the same op). A graph reads every operand before any write
+    (functionalized), which is neither. Views of one base that do not share an element
+    (``boxes[:, 2].sub_(boxes[:, 0])``) stay in the graph."""
+    name = target if isinstance(target, str) else getattr(target, "__name__", "")
+    written = []
+    if isinstance(name, str) and fargs and isinstance(fargs[0], torch.Tensor) and (
+            name in _INPLACE_OPERATORS or name.endswith("_") and not name.startswith("_")):
+        written.append(fargs[0])
+    out = fkw.get("out")
+    written += [t for t in (out if isinstance(out, (tuple, list)) else (out,))
+                if isinstance(t, torch.Tensor)]
+    if not written:
+        return
+    operands = [t for a in [*fargs, *fkw.values()]
+                for t in (a if isinstance(a, (tuple, list)) else (a,)) if isinstance(t, torch.Tensor)]
+    for w in written:
+        if _self_overlapping(w):
+            raise Unsupported(f"{name} writes a tensor whose elements share memory (an expanded "
+                              "tensor): eager raises or writes element by element")
+        for o in operands:
+            if o is not w and torch._C._is_alias_of(w, o) and _elements_meet(w, o):
+                raise Unsupported(f"{name} writes a tensor that shares memory with another "
+                                  "operand (partially overlapping views): eager raises or "
+                                  "computes element by element",
+                                  hint="clone() the operand that is read")
+
+
+def _geometry(t: torch.Tensor) -> tuple[Any, ...] | None:
+    """(storage offset, sizes, strides) as ints, or None when any is symbolic."""
+    g = (t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+    if not isinstance(g[0], int) or not all(isinstance(v, int) for v in (*g[1], *g[2])):
+        return None
+    return g
+
+
+def _offsets(g: tuple[Any, ...]) -> torch.Tensor:
+    offset, sizes, strides = g
+    o = torch.tensor([offset], dtype=torch.int64)
+    for n, st in zip(sizes, strides):
+        o = (o.unsqueeze(-1) + torch.arange(n, dtype=torch.int64) * st).reshape(-1)
+    return o
+
+
+def _self_overlapping(t: torch.Tensor) -> bool:
+    g = _geometry(t)
+    if g is None:
+        return False  # symbolic: only the stride-0 case is certain, and it is checked at run time
+    _, sizes, strides = g
+    if any(n > 1 and st == 0 for n, st in zip(sizes, strides)):
+        return True
+    numel = t.numel()
+    if numel <= 1 or numel > _OVERLAP_EXACT_LIMIT or t.is_contiguous():
+        return False
+    return _offsets(g).unique().numel() < numel
+
+
+def _elements_meet(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Do views ``a`` and ``b`` of one storage share an element, other than as the very same view?
+    Conservative (True) where sizes are symbolic or too many to compare."""
+    ga, gb = _geometry(a), _geometry(b)
+    if ga is None or gb is None:
+        return ga != gb or a.dtype != b.dtype
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    if ga == gb and a.dtype == b.dtype:
+        return False  # the same elements: each is read before it is written, as in eager
+    if a.element_size() != b.element_size():
+        return True
+    span = [(g[0], g[0] + sum((n - 1) * abs(st) for n, st in zip(g[1], g[2])))
+            for g in (ga, gb)]
+    lo = [g[0] - sum((n - 1) * abs(st) for n, st in zip(g[1], g[2]) if st < 0) for g in (ga, gb)]
+    (a0, a1), (b0, b1) = [(l, l + (h - s)) for (s, h), l in zip(span, lo)]
+    if a1 < b0 or b1 < a0:
+        return False
+    if a.numel() > _OVERLAP_EXACT_LIMIT or b.numel() > _OVERLAP_EXACT_LIMIT:
+        return True
+    return bool(torch.isin(_offsets(ga), _offsets(gb)).any())
 
 
 def _refuse_new_leaf(target: Any, result: Any, fargs: list[Any], fkw: dict[str, Any]) -> None:

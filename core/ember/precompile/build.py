@@ -589,23 +589,24 @@ def _graph_code(name: str, gm: torch.fx.GraphModule, fn: Any, backend: str,
 
 def _outputs_expr(info: Any, n: int) -> list[str]:
     """The flat outputs of the captured graph from AOT's outputs ``outs`` (its OutputInfo)."""
-    exprs: list[str] = []
-    for o in info.outputs:
+    # an output that aliases another may come before it: its base is a graph output
+    exprs = [f"outs[{o.index}]" if o.kind == "graph" else "" for o in info.outputs]
+    for k, o in enumerate(info.outputs):
         if o.kind == "graph":
-            exprs.append(f"outs[{o.index}]")
-        elif o.kind == "input_alias":
+            continue
+        if o.kind == "input_alias":
             base = f"inputs[{o.index}]" + (".detach()" if getattr(o, "detached", False) else "")
-            exprs.append(f"inputs[{o.index}]" if o.same else
-                         f"_rt.input_alias({base}, {o.size!r}, {o.stride!r}, "
-                         f"{o.offset}, {getattr(o, 'base_offset', 0)}, {_const(o.dtype)})")
+            exprs[k] = (f"inputs[{o.index}]" if o.same else
+                        f"_rt.input_alias({base}, {o.size!r}, {o.stride!r}, "
+                        f"{o.offset}, {getattr(o, 'base_offset', 0)}, {_const(o.dtype)})")
         elif o.kind == "output_alias":
             b = exprs[o.index]
             db = f"({b}).detach()" if getattr(o, "detached", False) else b
-            exprs.append(b if o.same else
-                         f"_rt.output_alias({db}, {o.size!r}, {o.stride!r}, {o.offset}, "
-                         f"{_const(o.dtype)})")
+            exprs[k] = (b if o.same else
+                        f"_rt.output_alias({db}, {o.size!r}, {o.stride!r}, {o.offset}, "
+                        f"{_const(o.dtype)})")
         else:
-            exprs.append(_const(o.value))
+            exprs[k] = _const(o.value)
     return exprs
 
 
