@@ -135,3 +135,46 @@ def test_views_that_share_no_element_stay_in_the_graph():
     got = ember.compile(f, backend="inductor")(boxes)
     torch.testing.assert_close(got, f(boxes))
     assert sum(events.counters["graph_breaks"].values()) == 0
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_a_view_output_of_a_training_graph_can_be_written_in_place(backend):
+    # ``return h.view(-1)`` then ``out.div_(t)``: eager allows the write; a view returned by an
+    # autograd Function may not be written in place ("Output 0 of CompiledFunction is a view
+    # and is being modified inplace")
+    def f(x):
+        return (x * 2).view(-1)
+
+    x = torch.ones(4, 4, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_(True)
+    ember.reset()
+    out = ember.compile(f, backend=backend)(x)
+    out.div_(4)
+    out.sum().backward()
+    want = f(x2)
+    want.div_(4)
+    want.sum().backward()
+    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(x.grad, x2.grad)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_a_write_after_a_break_into_a_view_of_a_training_intermediate(backend):
+    @ember.disable
+    def scale(t):
+        t.mul_(3)
+
+    def f(x):
+        y = x * 1
+        scale(y.view(-1))
+        return y
+
+    x = torch.ones(4, 4, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_(True)
+    ember.reset()
+    got = ember.compile(f, backend=backend)(x)
+    (got * torch.arange(16.).view(4, 4)).sum().backward()
+    want = f(x2)
+    (want * torch.arange(16.).view(4, 4)).sum().backward()
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(x.grad, x2.grad)

@@ -235,6 +235,13 @@ class Training:
                             outs = runtime._fw(*inputs)
                     runtime._fw_checked = True
                 fwd, saved = outs[:runtime.n_fwd], outs[runtime.n_fwd:runtime.n_fwd + n_saved]
+                if any(isinstance(o, torch.Tensor) and o._is_view() for o in fwd):
+                    # an output that is a view of one of the graph's intermediates (``return
+                    # h.view(-1)``): autograd forbids writing in place into a view a Function
+                    # returns, which eager allows on the same output. The same memory under a
+                    # tensor that is no view (its own autograd history comes from this Function)
+                    fwd = [o.detach() if isinstance(o, torch.Tensor) and o._is_view() else o
+                           for o in fwd]
                 ctx.save_for_backward(*saved)
                 if n_saved_sym:
                     ctx.saved_sizes = tuple(outs[runtime.n_fwd + n_saved:
