@@ -412,3 +412,14 @@ def test_repeated_layers_share_one_kernel_definition():
     kernel_defs = src.count("@triton.jit\ndef kernel")
     assert kernel_defs == 2, src  # two gelus share one kernel; the last one also scales
     assert_same(compile_triton(f)(*args), f(*args))
+
+
+def test_tensors_made_inside_a_graph_with_no_input_are_made_on_their_device():
+    # no tensor input: the values made inside decide the target (the CPU target allocated
+    # torch.zeros(10, device="cuda") on the CPU)
+    def fn():
+        return (torch.zeros(10, device=DEVICE), torch.arange(6, device=DEVICE) * 2,
+                torch.full((3,), 1.5, device=DEVICE))
+    got, want = compile_triton(fn)(), fn()
+    assert [g.device for g in got] == [w.device for w in want]
+    assert_same(got, want)

@@ -249,13 +249,18 @@ _CPP = CppTarget()
 
 def target_for(gm: Any, options: dict[str, Any] | None) -> Target:
     """The target of a graph: its tensors' device, and for CPU tensors the option
-    ``cpu_codegen`` ("cpp", the default, or "triton": Triton kernels under the interpreter)."""
+    ``cpu_codegen`` ("cpp", the default, or "triton": Triton kernels under the interpreter).
+    Every value counts, not only the inputs: a graph with no CUDA input may make CUDA tensors
+    (``torch.zeros(n, device="cuda")``), which the CPU target would have allocated on the CPU."""
     options = options or {}
     device = "cpu"
     for n in gm.graph.nodes:
-        v = n.meta.get("val") if n.op == "placeholder" else None
-        if isinstance(v, torch.Tensor) and v.device.type != "cpu":
-            device = v.device.type
+        v = n.meta.get("val")
+        vals = v if isinstance(v, (tuple, list)) else (v,)
+        dev = next((t.device.type for t in vals
+                    if isinstance(t, torch.Tensor) and t.device.type != "cpu"), None)
+        if dev is not None:
+            device = dev
             break
     if device == "cuda":
         return TritonTarget("cuda", str(options.get("_triton_tune", "light")))
