@@ -3,11 +3,11 @@ sources rebuild an output that aliases an input (imports only torch: precompiled
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
-__all__ = ["view_of", "input_alias", "output_alias"]
+__all__ = ["view_of", "input_alias", "output_alias", "elements_meet", "self_overlapping"]
 
 
 def _itemsize(dtype: torch.dtype) -> int:
@@ -52,3 +52,62 @@ def output_alias(base: torch.Tensor, size: Sequence[int], stride: Sequence[int],
     where ``base`` starts."""
     nbytes = base.storage_offset() * base.element_size() + offset_bytes
     return view_of(base, size, stride, nbytes // _itemsize(dtype or base.dtype), dtype)
+
+
+# -- overlap of views ---------------------------------------------------------------------------
+
+#: Offsets compared element by element up to this many elements per tensor (beyond: spans only)
+_EXACT_LIMIT = 1 << 16
+
+
+def _geometry(t: torch.Tensor) -> tuple[Any, ...] | None:
+    """(storage offset, sizes, strides) as ints, or None when any is symbolic."""
+    g = (t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+    if not isinstance(g[0], int) or not all(isinstance(v, int) for v in (*g[1], *g[2])):
+        return None
+    return g
+
+
+def _offsets(g: tuple[Any, ...]) -> list[int]:
+    """Every element's storage offset (plain Python: callers may be inside a fake-tensor mode)."""
+    offset, sizes, strides = g
+    out = [offset]
+    for n, st in zip(sizes, strides):
+        out = [o + i * st for o in out for i in range(n)]
+    return out
+
+
+def self_overlapping(t: torch.Tensor) -> bool:
+    g = _geometry(t)
+    if g is None:
+        return False  # symbolic: only the stride-0 case is certain, and it is checked at run time
+    _, sizes, strides = g
+    if any(n > 1 and st == 0 for n, st in zip(sizes, strides)):
+        return True
+    numel = t.numel()
+    if numel <= 1 or numel > _EXACT_LIMIT or t.is_contiguous():
+        return False
+    return len(set(_offsets(g))) < numel
+
+
+def elements_meet(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Do views ``a`` and ``b`` of one storage share an element, other than as the very same view?
+    Conservative (True) where sizes are symbolic or too many to compare."""
+    ga, gb = _geometry(a), _geometry(b)
+    if ga is None or gb is None:
+        return True
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    if ga == gb and a.dtype == b.dtype:
+        return False  # the same elements: each is read before it is written, as in eager
+    if a.element_size() != b.element_size():
+        return True
+    span = [(g[0], g[0] + sum((n - 1) * abs(st) for n, st in zip(g[1], g[2])))
+            for g in (ga, gb)]
+    lo = [g[0] - sum((n - 1) * abs(st) for n, st in zip(g[1], g[2]) if st < 0) for g in (ga, gb)]
+    (a0, a1), (b0, b1) = [(l, l + (h - s)) for (s, h), l in zip(span, lo)]
+    if a1 < b0 or b1 < a0:
+        return False
+    if a.numel() > _EXACT_LIMIT or b.numel() > _EXACT_LIMIT:
+        return True
+    return not set(_offsets(ga)).isdisjoint(_offsets(gb))

@@ -160,7 +160,7 @@ def _output_base(flat: list[Any], k: int, own: set[int]) -> int | None:
         return None
     o = flat[k]
     holders = [j for j in own if j != k and torch._C._is_alias_of(o, flat[j])
-               and _inside(o, flat[j])]
+               and _holds(flat[j], o)]
     bigger = [j for j in holders if not _inside(flat[j], o)]
     if bigger:
         top = [j for j in bigger if not any(_inside(flat[j], flat[c]) and not
@@ -168,6 +168,16 @@ def _output_base(flat: list[Any], k: int, own: set[int]) -> int | None:
         return min(top)
     equal = [j for j in holders if j < k]
     return min(equal) if equal else None
+
+
+def _holds(b: torch.Tensor, o: torch.Tensor) -> bool:
+    """Does ``b`` hold every element of ``o``? With symbolic geometry (where ``_inside`` decides
+    nothing without guarding the sizes): when ``o`` is a view of ``b`` and ``b`` is no view, a
+    tensor the graph made, which its storage fits (``y[1:]`` of ``y = x * 1``)."""
+    if _inside(o, b):
+        return True
+    return getattr(o, "_base", None) is b and b._base is None and \
+        any(is_sym(v) for t in (o, b) for v in (*t.shape, *t.stride(), t.storage_offset()))
 
 
 def _refuse_unrelated_overlaps(flat: list[Any], own: set[int]) -> None:
@@ -191,22 +201,14 @@ def _refuse_unrelated_overlaps(flat: list[Any], own: set[int]) -> None:
 
 
 def _bytes_meet(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Do the byte spans of ``a`` and ``b`` (views of one storage) intersect? Not decided for
-    symbolic geometry (deciding would add guards on the sizes; ``_inside`` is not decided there
-    either): such outputs stay separate buffers, a gap of dynamic shapes."""
+    """Do ``a`` and ``b`` (views of one storage) share an element? Not decided for symbolic
+    geometry (deciding would add guards on the sizes): such outputs stay separate buffers, a gap
+    of dynamic shapes for overlapping views of a value the graph does not return."""
     if any(is_sym(v) for t in (a, b) for v in (*t.shape, *t.stride(), t.storage_offset())):
         return False
-    if a.numel() == 0 or b.numel() == 0:
-        return False
+    from .._views import elements_meet
 
-    def span(t: torch.Tensor) -> tuple[int, int]:
-        lo = hi = t.storage_offset()
-        for size, stride in zip(t.shape, t.stride()):
-            lo += min(0, (size - 1) * stride)
-            hi += max(0, (size - 1) * stride)
-        return lo * t.element_size(), (hi + 1) * t.element_size()
-    (alo, ahi), (blo, bhi) = span(a), span(b)
-    return alo < bhi and blo < ahi
+    return elements_meet(a, b)
 
 
 def _inside(o: torch.Tensor, b: torch.Tensor) -> bool:

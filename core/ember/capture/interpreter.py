@@ -28,6 +28,7 @@ import torch.fx
 
 from .. import config
 from ..exc import Unsupported
+from .._views import elements_meet, self_overlapping
 from . import rules, tensorprops
 from .output import OutputGraph
 from .sources import (Attr, Buffer, CellContents, ClosureCell, Defaults, GetItem, Global,
@@ -2024,10 +2025,6 @@ _INPLACE_OPERATORS = frozenset(
     f"{p}{n}{q}" for n in ("iadd", "isub", "imul", "itruediv", "ifloordiv", "imod", "ipow",
                            "iand", "ior", "ixor", "ilshift", "irshift", "imatmul")
     for p, q in (("", ""), ("__", "__")))
-#: Offsets compared element by element up to this many elements per tensor (beyond: ranges only)
-_OVERLAP_EXACT_LIMIT = 1 << 16
-
-
 def _refuse_overlapping_write(target: Any, fargs: list[Any], fkw: dict[str, Any]) -> None:
     """An op that writes a tensor (an in-place method, ``x += y``, ``out=``) whose memory overlaps
     another tensor operand without being the same view, or whose own elements overlap (an
@@ -2050,67 +2047,15 @@ def _refuse_overlapping_write(target: Any, fargs: list[Any], fkw: dict[str, Any]
     operands = [t for a in [*fargs, *fkw.values()]
                 for t in (a if isinstance(a, (tuple, list)) else (a,)) if isinstance(t, torch.Tensor)]
     for w in written:
-        if _self_overlapping(w):
+        if self_overlapping(w):
             raise Unsupported(f"{name} writes a tensor whose elements share memory (an expanded "
                               "tensor): eager raises or writes element by element")
         for o in operands:
-            if o is not w and torch._C._is_alias_of(w, o) and _elements_meet(w, o):
+            if o is not w and torch._C._is_alias_of(w, o) and elements_meet(w, o):
                 raise Unsupported(f"{name} writes a tensor that shares memory with another "
                                   "operand (partially overlapping views): eager raises or "
                                   "computes element by element",
                                   hint="clone() the operand that is read")
-
-
-def _geometry(t: torch.Tensor) -> tuple[Any, ...] | None:
-    """(storage offset, sizes, strides) as ints, or None when any is symbolic."""
-    g = (t.storage_offset(), tuple(t.shape), tuple(t.stride()))
-    if not isinstance(g[0], int) or not all(isinstance(v, int) for v in (*g[1], *g[2])):
-        return None
-    return g
-
-
-def _offsets(g: tuple[Any, ...]) -> torch.Tensor:
-    offset, sizes, strides = g
-    o = torch.tensor([offset], dtype=torch.int64)
-    for n, st in zip(sizes, strides):
-        o = (o.unsqueeze(-1) + torch.arange(n, dtype=torch.int64) * st).reshape(-1)
-    return o
-
-
-def _self_overlapping(t: torch.Tensor) -> bool:
-    g = _geometry(t)
-    if g is None:
-        return False  # symbolic: only the stride-0 case is certain, and it is checked at run time
-    _, sizes, strides = g
-    if any(n > 1 and st == 0 for n, st in zip(sizes, strides)):
-        return True
-    numel = t.numel()
-    if numel <= 1 or numel > _OVERLAP_EXACT_LIMIT or t.is_contiguous():
-        return False
-    return _offsets(g).unique().numel() < numel
-
-
-def _elements_meet(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Do views ``a`` and ``b`` of one storage share an element, other than as the very same view?
-    Conservative (True) where sizes are symbolic or too many to compare."""
-    ga, gb = _geometry(a), _geometry(b)
-    if ga is None or gb is None:
-        return ga != gb or a.dtype != b.dtype
-    if a.numel() == 0 or b.numel() == 0:
-        return False
-    if ga == gb and a.dtype == b.dtype:
-        return False  # the same elements: each is read before it is written, as in eager
-    if a.element_size() != b.element_size():
-        return True
-    span = [(g[0], g[0] + sum((n - 1) * abs(st) for n, st in zip(g[1], g[2])))
-            for g in (ga, gb)]
-    lo = [g[0] - sum((n - 1) * abs(st) for n, st in zip(g[1], g[2]) if st < 0) for g in (ga, gb)]
-    (a0, a1), (b0, b1) = [(l, l + (h - s)) for (s, h), l in zip(span, lo)]
-    if a1 < b0 or b1 < a0:
-        return False
-    if a.numel() > _OVERLAP_EXACT_LIMIT or b.numel() > _OVERLAP_EXACT_LIMIT:
-        return True
-    return bool(torch.isin(_offsets(ga), _offsets(gb)).any())
 
 
 def _refuse_new_leaf(target: Any, result: Any, fargs: list[Any], fkw: dict[str, Any]) -> None:
