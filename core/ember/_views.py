@@ -77,6 +77,13 @@ def _offsets(g: tuple[Any, ...]) -> list[int]:
     return out
 
 
+def _span(g: tuple[Any, ...]) -> tuple[int, int]:
+    """The first and the last storage offset a geometry addresses."""
+    offset, sizes, strides = g
+    return (offset + sum((n - 1) * st for n, st in zip(sizes, strides) if st < 0),
+            offset + sum((n - 1) * st for n, st in zip(sizes, strides) if st > 0))
+
+
 def self_overlapping(t: torch.Tensor) -> bool:
     g = _geometry(t)
     if g is None:
@@ -102,10 +109,7 @@ def elements_meet(a: torch.Tensor, b: torch.Tensor) -> bool:
         return False  # the same elements: each is read before it is written, as in eager
     if a.element_size() != b.element_size():
         return True
-    span = [(g[0], g[0] + sum((n - 1) * abs(st) for n, st in zip(g[1], g[2])))
-            for g in (ga, gb)]
-    lo = [g[0] - sum((n - 1) * abs(st) for n, st in zip(g[1], g[2]) if st < 0) for g in (ga, gb)]
-    (a0, a1), (b0, b1) = [(l, l + (h - s)) for (s, h), l in zip(span, lo)]
+    (a0, a1), (b0, b1) = _span(ga), _span(gb)
     if a1 < b0 or b1 < a0:
         return False
     if a.numel() > _EXACT_LIMIT or b.numel() > _EXACT_LIMIT:

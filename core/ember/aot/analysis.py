@@ -20,6 +20,8 @@ from torch._subclasses import FakeTensorMode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .._views import elements_meet
+from ..exc import Unsupported
 from .symbolic import expr_of, is_sym
 
 __all__ = ["OutputInfo", "GraphInfo", "analyze", "fakeify"]
@@ -156,8 +158,6 @@ def _output_base(flat: list[Any], k: int, own: set[int]) -> int | None:
     its base would no longer share memory, and a write through one after a graph break would
     not reach the other. The base chosen is itself returned by the graph (no output holds it
     but its equals, of which it is the first)."""
-    if k not in own:
-        return None
     o = flat[k]
     holders = [j for j in own if j != k and torch._C._is_alias_of(o, flat[j])
                and _holds(flat[j], o)]
@@ -176,39 +176,31 @@ def _holds(b: torch.Tensor, o: torch.Tensor) -> bool:
     tensor the graph made, which its storage fits (``y[1:]`` of ``y = x * 1``)."""
     if _inside(o, b):
         return True
-    return getattr(o, "_base", None) is b and b._base is None and \
-        any(is_sym(v) for t in (o, b) for v in (*t.shape, *t.stride(), t.storage_offset()))
+    return getattr(o, "_base", None) is b and b._base is None and _symbolic(o, b)
 
 
-def _refuse_unrelated_overlaps(flat: list[Any], own: set[int]) -> None:
+def _refuse_unrelated_overlaps(flat: list[Any], bases: dict[int, int | None]) -> None:
     """Two outputs that share elements while neither holds the other and no output holds both
     (``y[1:]`` and ``y[:-1]`` of an intermediate ``y`` the graph does not return) cannot both be
     regenerated as views; returned as separate buffers, a write through one after a graph
-    break would not reach the other. Such a graph runs eagerly."""
+    break would not reach the other. Such a graph runs eagerly. Not decided for symbolic
+    geometry (deciding would add guards on the sizes): such outputs stay separate buffers, a
+    gap of dynamic shapes."""
     groups: dict[int, list[int]] = {}
-    for k in sorted(own):
-        if _output_base(flat, k, own) is None:  # a root: returned by the graph itself
-            key = next((r for r in groups if torch._C._is_alias_of(flat[k], flat[r])), k)
-            groups.setdefault(key, []).append(k)
+    for k in sorted(k for k, b in bases.items() if b is None):  # the graph's own returns
+        key = next((r for r in groups if torch._C._is_alias_of(flat[k], flat[r])), k)
+        groups.setdefault(key, []).append(k)
     for roots in groups.values():
-        for a_i, a in enumerate(roots):
-            for b in roots[a_i + 1:]:
-                if _bytes_meet(flat[a], flat[b]):
-                    from ..exc import Unsupported
+        for i, a in enumerate(roots):
+            for b in roots[i + 1:]:
+                if not _symbolic(flat[a], flat[b]) and elements_meet(flat[a], flat[b]):
                     raise Unsupported("two outputs of the graph share memory without either "
                                       "being a view of the other (overlapping views of a value "
                                       "the graph does not return)")
 
 
-def _bytes_meet(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Do ``a`` and ``b`` (views of one storage) share an element? Not decided for symbolic
-    geometry (deciding would add guards on the sizes): such outputs stay separate buffers, a gap
-    of dynamic shapes for overlapping views of a value the graph does not return."""
-    if any(is_sym(v) for t in (a, b) for v in (*t.shape, *t.stride(), t.storage_offset())):
-        return False
-    from .._views import elements_meet
-
-    return elements_meet(a, b)
+def _symbolic(*ts: torch.Tensor) -> bool:
+    return any(is_sym(v) for t in ts for v in (*t.shape, *t.stride(), t.storage_offset()))
 
 
 def _inside(o: torch.Tensor, b: torch.Tensor) -> bool:
@@ -298,7 +290,8 @@ def analyze(gm: Any, tensors: Sequence[Any], requires_grad: Sequence[bool],
     # the tensor outputs that alias no input: the graph's own (one may be a view of another)
     own = {k for k, o in enumerate(flat) if isinstance(o, torch.Tensor)
            and not any(torch._C._is_alias_of(o, f) for _, f in tfakes)}
-    _refuse_unrelated_overlaps(flat, own)
+    bases = {k: _output_base(flat, k, own) for k in own}
+    _refuse_unrelated_overlaps(flat, bases)
     for k, o in enumerate(flat):
         if is_sym(o):  # a size computed by the graph (dynamic shapes): the graph returns it
             outputs.append(OutputInfo("graph", len(graph_out_flat)))
@@ -318,7 +311,7 @@ def analyze(gm: Any, tensors: Sequence[Any], requires_grad: Sequence[bool],
                                   base_offset=expr_of(f.storage_offset()))
                 break
         if info is None:
-            j = _output_base(flat, k, own)
+            j = bases.get(k)
             if j is not None:
                 b = flat[j]
                 info = OutputInfo("output_alias", j, og[0], og[1],

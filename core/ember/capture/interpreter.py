@@ -2025,6 +2025,8 @@ _INPLACE_OPERATORS = frozenset(
     f"{p}{n}{q}" for n in ("iadd", "isub", "imul", "itruediv", "ifloordiv", "imod", "ipow",
                            "iand", "ior", "ixor", "ilshift", "irshift", "imatmul")
     for p, q in (("", ""), ("__", "__")))
+
+
 def _refuse_overlapping_write(target: Any, fargs: list[Any], fkw: dict[str, Any]) -> None:
     """An op that writes a tensor (an in-place method, ``x += y``, ``out=``) whose memory overlaps
     another tensor operand without being the same view, or whose own elements overlap (an
