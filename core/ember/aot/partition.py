@@ -28,6 +28,13 @@ __all__ = ["Partition", "partition_joint", "saved_bytes"]
 
 aten = torch.ops.aten
 INF = 1 << 62
+# Added to the cost of saving a value that shares memory with a forward output without being
+# one (a view of an output, the base an output views). The user may write into that output
+# between the forward and the backward (eager allows it wherever eager's own formulas saved
+# something else); such a saved value would then be stale, and autograd refuses a saved view
+# made in the forward whose base was written. Large, but finite: when nothing else can be
+# saved, it still is (and autograd's version check reports the write).
+_ALIAS_OF_OUTPUT = 1 << 40
 
 # Recomputing these in the backward is cheap (memory-bound, usually fused by a real backend).
 _CHEAP_EXTRA = {
@@ -231,6 +238,7 @@ def partition_joint(joint: fx.GraphModule, n_primals: int, n_fwd_outs: int,
     saved: list[fx.Node] = []
     if bw_needs:
         fwd_needed = _ancestors([o for o in fwd_outs if isinstance(o, fx.Node)])
+        aliases_output = _aliases_of_outputs(g, fwd_outs)
         fg = _FlowGraph()
         fg.v("source"); fg.v("sink")
         for n in g.nodes:
@@ -243,7 +251,10 @@ def partition_joint(joint: fx.GraphModule, n_primals: int, n_fwd_outs: int,
             # the region's outputs may be (the next region's inputs, as eager saves them)
             ckpt = n.op != "placeholder" and is_checkpointed(n) and not _leaves_region(
                 n, fwd_needed)
-            fg.add(f"{n.name}_in", f"{n.name}_out", nb if nb is not None and not ckpt else INF)
+            cost = nb if nb is not None and not ckpt else INF
+            if n in aliases_output and cost < INF:
+                cost += _ALIAS_OF_OUTPUT
+            fg.add(f"{n.name}_in", f"{n.name}_out", cost)
             # Inputs and expensive/random ops exist in the forward; a cheap op the forward needs
             # may still be recomputed in the backward from what is saved. Values of a
             # checkpointed region are all recomputed, from the region's inputs.
@@ -273,6 +284,31 @@ def partition_joint(joint: fx.GraphModule, n_primals: int, n_fwd_outs: int,
     return Partition(fw, bw, len(saved) - len(saved_sym), [n.name for n in saved],
                      saved_bytes(saved), grad_deps,
                      _primal_reaches(g, primals, fwd_outs, tangent_dep), len(saved_sym))
+
+
+def _memory_root(n: fx.Node, roots: dict[fx.Node, fx.Node]) -> fx.Node:
+    """The value whose memory ``n`` views (``n`` itself when it is not a view)."""
+    r = roots.get(n)
+    if r is None:
+        t = n.target
+        src = n.args[0] if n.op == "call_function" and n.args else None
+        is_view = (isinstance(src, fx.Node) and (
+            (isinstance(t, torch._ops.OpOverload) and t.is_view)
+            or (t is operator.getitem and src.op == "call_function"
+                and isinstance(src.target, torch._ops.OpOverload) and src.target.is_view)))
+        r = roots[n] = _memory_root(src, roots) if is_view else n
+    return r
+
+
+def _aliases_of_outputs(g: fx.Graph, fwd_outs: list[Any]) -> set[fx.Node]:
+    """Forward values, other than the forward outputs and the inputs, that share memory with a
+    forward output: its views and the bases it views."""
+    roots: dict[fx.Node, fx.Node] = {}
+    outs = {o for o in fwd_outs if isinstance(o, fx.Node)}
+    out_roots = {_memory_root(o, roots) for o in outs}
+    return {n for n in g.nodes
+            if n.op == "call_function" and n not in outs
+            and _memory_root(n, roots) in out_roots}
 
 
 def _primal_reaches(g: fx.Graph, primals: list[fx.Node], fwd_outs: list[Any],
