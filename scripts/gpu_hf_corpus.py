@@ -37,6 +37,7 @@ def main() -> int:
         names = names[k::n]
     t_end = time.time() + a.budget
     counts = {"pass": 0, "wrong": 0, "fallback": 0, "error": 0}
+    full: list[str] = []  # every fallback's whole reason, printed after the table
     done = 0
     print(f"| model | mode | graphs | fallbacks | result | s |  (device {harness.DEVICE}, "
           f"backend {a.backend})")
@@ -52,6 +53,7 @@ def main() -> int:
                     kind, verdict = "error", r.error
                 elif r.fallbacks:
                     kind, verdict = "fallback", "; ".join(r.fallback_reasons)[:160]
+                    full += [f"{name} {mode}: {why}" for why in r.fallback_reasons]
                 elif r.accuracy.startswith("pass"):
                     kind, verdict = "pass", r.accuracy
                 else:
@@ -63,6 +65,8 @@ def main() -> int:
             done += 1
             print(f"| {name} | {mode} | {graphs} | {fb} | {verdict} | "
                   f"{time.perf_counter() - t0:.1f} |", flush=True)
+    for line in full:
+        print("FALLBACK", line)
     total = len(names) * len(a.modes.split(","))
     print(f"SUMMARY {counts} ran {done} of {total} (model, mode) pairs")
     return 0 if counts["wrong"] == counts["error"] == 0 else 1

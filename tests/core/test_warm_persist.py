@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 MODEL = '''
 import os
@@ -136,3 +137,104 @@ def test_on_by_default_and_off_with_the_environment_variable(warm: Any) -> None:
     assert default["persist"]["saved"] == 1
     default = warm(EMBER_PERSIST_CAPTURE=None)
     assert default["persist"]["hits"] == 1 and default["dynamo"] is False
+
+
+
+REGISTRY_HELPER = '''
+import functools
+
+# a module-level registry read by a decorator's wrapper (Hugging Face transformers 5.17's
+# ``_CAN_RECORD_REGISTRY``: ``str(model class)`` -> ``_can_record_outputs``, output names mapped
+# to layer classes)
+_REGISTRY = {}
+
+
+def record(fn):
+    @functools.wraps(fn)
+    def wrapper(self, x, **kwargs):
+        flags = _REGISTRY.get(str(self.__class__)) or {}
+        wanted = {k: [] for k in flags if kwargs.get(f"output_{k}", False)}
+        out = fn(self, x)
+        return out + len(wanted)
+    return wrapper
+'''
+
+REGISTRY_MODEL = '''
+import os
+import torch
+import reg_helper
+
+
+class Gate(torch.nn.Module):
+    def forward(self, x):
+        return torch.sigmoid(x) * x
+
+
+class Model(torch.nn.Module):
+    _record = {"hidden": torch.nn.Linear,
+               "gate": Gate if os.environ.get("WARM_GATE", "gate") == "gate" else torch.nn.ReLU}
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 16)
+        self.act = Gate()
+        reg_helper._REGISTRY[str(self.__class__)] = self._record
+
+    @reg_helper.record
+    def forward(self, x, **kwargs):
+        y = self.fc(x)
+        for name, cls in reg_helper._REGISTRY[str(self.__class__)].items():
+            if name == "gate" and isinstance(self.act, cls):
+                y = self.act(y)
+        return y + 1
+'''
+
+
+def test_a_registry_global_of_a_helper_module_is_persisted_and_checked(tmp_path: Path, py: Any
+                                                                        ) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "warm_model.py").write_text(REGISTRY_MODEL)
+    (src / "reg_helper.py").write_text(REGISTRY_HELPER)
+
+    def run(**env: str) -> dict[str, Any]:
+        r = py(RUN, env={"EMBER_CACHE_DIR": str(tmp_path / "cache"), "EMBER_PERSIST_CAPTURE": "1",
+                         **env}, pythonpath=[src])
+        assert r.returncode == 0, r.stderr
+        ans = json.loads(r.stdout.strip().splitlines()[-1])
+        assert ans["ok"], ans
+        return ans
+
+    first = run()
+    assert first["persist"]["saved"] == 1 and first["persist"]["refused"] == 0
+    second = run()
+    assert second["persist"]["hits"] == 1 and second["dynamo"] is False
+    # the registry maps "gate" to another class: the stored capture does not apply
+    other = run(WARM_GATE="relu")
+    assert other["persist"]["hits"] == 0
+
+
+def test_a_dict_of_classes_bound_to_a_helper_modules_global_is_resolved_live(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What transformers 5.17's BERT needs (its captures were refused: "namespace dict"): a
+    dict that is not plain data (layer classes as values), bound to a global of the module whose
+    wrapper the capture ran, is named by that global and resolved to the live object on load."""
+    import importlib
+    import sys
+
+    from ember.capture import persist
+
+    (tmp_path / "reg_mod.py").write_text(REGISTRY_HELPER)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mod = importlib.import_module("reg_mod")
+    try:
+        mod._REGISTRY["M"] = {"hidden": torch.nn.Linear}
+        wrapper = mod.record(lambda self, x: x)
+        finder = persist._Finder(wrapper, {})
+        recipe = finder.recipe("___dict_13", mod._REGISTRY)
+        assert recipe[:3] == ["modglobal", "reg_mod", "_REGISTRY"]
+        assert persist._resolve(recipe, wrapper, {}, finder.files) is mod._REGISTRY
+        with pytest.raises(persist._Refuse):  # not plain data: never snapshotted
+            persist._enc_plain(mod._REGISTRY)
+    finally:
+        sys.modules.pop("reg_mod", None)

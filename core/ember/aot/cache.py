@@ -13,14 +13,17 @@ parameter, buffer or user input); the variant (inference, or the ``requires_grad
 mode, inference mode, autocast state, default dtype and deterministic-algorithms flag; the
 backend's name and options; its decomposition table (every op, and the hash of each non-torch file
 defining a decomposition). Anything the canonical form cannot express exactly (an unknown callable
-or constant, a symbolic size, a non-CPU device) makes the graph uncacheable: it is traced as
-before.
+or constant, a symbolic size, a device other than the CPU or CUDA) makes the graph uncacheable:
+it is traced as before. A graph that touches CUDA adds the GPU (name, capability), the CUDA and
+cuDNN versions and the flags that steer which kernels tracing picks (the SDPA backends, cuDNN on
+or off, deterministic).
 
 **Value**: JSON text (never pickle): the :class:`GraphInfo` (output structure, aliasing, mutated
 inputs), and the functional ATen graphs (inference forward, or forward and backward with the
 partition's metadata), node by node with each node's tensor metadata. Rebuilt graphs carry real,
 uninitialized CPU tensors of the traced sizes/strides/dtypes as ``meta["val"]`` (no FakeTensorMode:
-its first use loads a large part of torch, ~1.3 s). Before an entry is written it is rebuilt and
+its first use loads a large part of torch, ~1.3 s); values on a CUDA device are
+:class:`DeviceVal` stand-ins, geometry without memory. Before an entry is written it is rebuilt and
 compared with the traced graphs (generated code and every node's metadata); an entry that would not
 round-trip exactly is not written.
 
@@ -217,8 +220,29 @@ def _canon_graph(gm: fx.GraphModule) -> list[str]:
     return out
 
 
+_DEVICES = ("cpu", "cuda")
+
+
+def _cuda_text(graph_lines: list[str], args: Sequence[Any]) -> str:
+    """What decides the ATen graph of a CUDA program beyond its inputs: tracing dispatches
+    composite ops (attention, batch norm) to the kernels this GPU and these flags allow."""
+    if not (any(isinstance(a, torch.Tensor) and a.device.type == "cuda" for a in args)
+            or any("cuda" in line for line in graph_lines)):
+        return ""
+    if not torch.cuda.is_available():
+        raise Uncacheable("a CUDA graph without a usable CUDA device")
+    b = torch.backends
+    flags = {name: fn() for name in ("flash_sdp_enabled", "mem_efficient_sdp_enabled",
+                                     "math_sdp_enabled", "cudnn_sdp_enabled")
+             if callable(fn := getattr(b.cuda, name, None))}
+    devices = [(torch.cuda.get_device_name(i), torch.cuda.get_device_capability(i))
+               for i in range(torch.cuda.device_count())]
+    return (f"cuda={torch.version.cuda} cudnn={b.cudnn.version()} enabled={b.cudnn.enabled} "
+            f"cudnn_deterministic={b.cudnn.deterministic} devices={devices} sdp={flags}")
+
+
 def _tensor_text(t: torch.Tensor, storages: dict[int, int], i: int) -> str:
-    if t.layout != torch.strided or t.device.type != "cpu":
+    if t.layout != torch.strided or t.device.type not in _DEVICES:
         raise Uncacheable(f"input of layout {t.layout} on {t.device}")
     if type(t) not in (torch.Tensor, torch.nn.Parameter):
         raise Uncacheable(f"tensor subclass {type(t).__name__}")
@@ -287,6 +311,7 @@ def graph_key(aot: Any, variant: Any, args: Sequence[Any]) -> str:
         f"inference_mode={torch.is_inference_mode_enabled()}")
     put(f"backend={aot.backend.name} options={_canon(dict(sorted(aot.options.items())))}")
     put(_decomp_text(aot._decomps, "\n".join(graph_lines)))
+    put(_cuda_text(graph_lines, args))
     return h.hexdigest()
 
 
@@ -304,11 +329,14 @@ _dec = decode_arg
 
 def _enc_val(v: Any) -> Any:
     if isinstance(v, torch.Tensor):
-        if (v.layout != torch.strided or v.device.type != "cpu" or v.requires_grad
+        if (v.layout != torch.strided or v.device.type not in _DEVICES or v.requires_grad
                 or any(not isinstance(s, int) for s in (*v.shape, *v.stride()))):
-            raise Uncacheable("node value that is not a plain strided CPU tensor")
-        return {"T": [list(v.shape), list(v.stride()), int(v.storage_offset()),
-                      str(v.dtype).removeprefix("torch.")]}
+            raise Uncacheable("node value that is not a plain strided CPU or CUDA tensor")
+        rec = [list(v.shape), list(v.stride()), int(v.storage_offset()),
+               str(v.dtype).removeprefix("torch.")]
+        if v.device.type != "cpu":
+            rec.append(str(v.device))
+        return {"T": rec}
     if isinstance(v, (tuple, list)):
         return {"t" if isinstance(v, tuple) else "l": [_enc_val(e) for e in v]}
     if v is None or isinstance(v, (bool, int)):
@@ -329,14 +357,71 @@ def _tensor_like(shape: Sequence[int], stride: Sequence[int], offset: int,
     return base.as_strided(tuple(shape), tuple(stride), offset)
 
 
+class DeviceVal(torch.Tensor):
+    """A value's geometry on a device whose memory rebuilding a graph must not take (CUDA): a
+    meta tensor that reports that device, as the FakeTensors tracing put in ``meta["val"]`` do.
+    Operations on it run on the meta device and give DeviceVals on the same device. (A
+    FakeTensorMode is not made for this: its construction imports most of torch's compiler
+    stack, about 1 s of a warm start.)"""
+
+    _device: torch.device
+    _elem: torch.Tensor
+
+    @staticmethod
+    def __new__(cls, elem: torch.Tensor, device: torch.device) -> "DeviceVal":
+        self = torch.Tensor._make_subclass(cls, elem, False, dispatch_device=True,
+                                           device_for_backend_keys=device)
+        self._elem, self._device = elem, device
+        return self
+
+    @property
+    def device(self) -> torch.device:  # type: ignore[override]
+        return self._device
+
+    def __repr__(self) -> str:  # type: ignore[override]
+        return (f"DeviceVal(size={tuple(self.shape)}, stride={self.stride()}, "
+                f"dtype={self.dtype}, device={self._device})")
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        devices = []
+
+        def unwrap(x: Any) -> Any:
+            if isinstance(x, DeviceVal):
+                devices.append(x._device)
+                return x._elem
+            return x
+
+        out = func(*pytree.tree_map(unwrap, args), **pytree.tree_map(unwrap, kwargs or {}))
+        if not devices:
+            return out
+        return pytree.tree_map(
+            lambda x: DeviceVal(x, devices[0]) if isinstance(x, torch.Tensor)
+            and x.device.type == "meta" else x, out)
+
+
+def _device_val(shape: Sequence[int], stride: Sequence[int], offset: int, dtype: torch.dtype,
+                device: str) -> torch.Tensor:
+    elem = torch.empty_strided(tuple(shape), tuple(stride), dtype=dtype, device="meta")
+    if offset:
+        elem = elem.as_strided(tuple(shape), tuple(stride), offset)
+    return DeviceVal(elem, torch.device(device))
+
+
 def _dec_val(v: Any) -> Any:
     if isinstance(v, dict):
         (tag, e), = v.items()
         if tag == "T":
-            shape, stride, offset, dtype = e
+            shape, stride, offset, dtype, *device = e
             dt = getattr(torch, dtype)
             if not isinstance(dt, torch.dtype):
                 raise ValueError(f"not a dtype: {dtype}")
+            if device:
+                if torch.device(device[0]).type not in _DEVICES[1:]:
+                    raise ValueError(f"not a device of this cache: {device[0]}")
+                return _device_val(shape, stride, offset, dt, device[0])
             return _tensor_like(shape, stride, offset, dt)
         if tag == "t":
             return tuple(_dec_val(x) for x in e)

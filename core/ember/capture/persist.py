@@ -441,6 +441,11 @@ class _Finder:
                 if getattr(m, "__dict__", None) is obj:
                     self._file(mname)
                     return ["moddict", mname]
+            # a registry bound to a global of a module whose functions the capture ran (Hugging
+            # Face transformers 5.17's ``_CAN_RECORD_REGISTRY``): the live object, by name
+            found = self._module_global(obj)
+            if found is not None:
+                return found
             # a snapshot of plain data (an object's whole state, guarded equal to it): rebuilt
             # equal; a dict guarded by identity then misses, as it should
             try:
