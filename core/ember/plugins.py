@@ -75,6 +75,11 @@ class Backend:
     ``decompositions`` (aten level only) is a dict ``{OpOverload: fn}`` or a zero-argument callable
     returning one (called lazily, so building the table costs nothing at listing time).
     ``training=False`` marks an inference-only backend: Ember refuses graphs that need grad.
+    ``recompute`` (aten level, training): AOT autograd may recompute cheap forward values
+    (pointwise ops, copies, fills) in the backward instead of saving them, which saves memory and
+    costs nothing for a backend that fuses those ops into its kernels (inductor). A backend that
+    runs each ATen op as a kernel of its own sets ``recompute=False``: only views are then
+    recomputed, and the backward gets the values it reads, as eager saves them.
     ``tags`` such as ``"debug"`` or ``"experimental"`` hide a backend from ``list_backends()``'s
     default listing. ``plugin``, ``distribution`` and ``version`` are filled in by the registry.
     """
@@ -101,6 +106,8 @@ class Backend:
     #: (``"onnxruntime 1.32.0, providers: CPUExecutionProvider"``), called only when backends
     #: are listed (``python -m ember backends``), so it may import the runtime.
     runtime: Callable[[], str] | None = dataclasses.field(default=None, compare=False)
+    #: May AOT autograd recompute cheap forward values in the backward (see above)?
+    recompute: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:

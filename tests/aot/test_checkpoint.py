@@ -64,9 +64,14 @@ def test_checkpointed_blocks_recompute_in_one_graph(monkeypatch, backend):
     assert stats.get("graphs") == 1 and not stats.get("graph_breaks") and \
         not stats.get("fallbacks"), stats
     (part,) = parts
-    # nothing computed inside a checkpointed block is saved: only the inputs and parameters
+    # nothing computed inside a checkpointed block is saved: only the inputs and parameters,
+    # and, for a backend that does not fuse (no recompute of cheap ops), each block's output
+    # (the residual ``add``: the next block's input, as eager's checkpoint saves it)
     fw_inputs = {n.name for n in part.fw.graph.nodes if n.op == "placeholder"}
-    assert set(part.saved_names) <= fw_inputs, part.saved_names
+    inner = set(part.saved_names) - fw_inputs
+    if not ember.get_backend(backend).recompute:
+        inner = {s for s in inner if not s.startswith("add")}
+    assert not inner, part.saved_names
     # ... and the backward recomputes them (the blocks' matmuls and sines are in it)
     bw_ops = {str(n.target) for n in part.bw.graph.nodes if n.op == "call_function"}
     assert any("sin" in t for t in bw_ops) and any("addmm" in t or "mm" in t for t in bw_ops)

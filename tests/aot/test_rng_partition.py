@@ -1,5 +1,7 @@
 """Random ops keep torch's RNG semantics; the min-cut partitioner saves what is expensive and
-recomputes cheap pointwise ops; EMBER_LOGS=aot prints the graphs."""
+recomputes cheap pointwise ops for a backend that fuses them (``Backend.recompute``), only views
+for one that runs each op as a kernel (aot_eager, cudagraphs); EMBER_LOGS=aot prints the
+graphs."""
 
 from __future__ import annotations
 
@@ -90,13 +92,21 @@ def _ops(gm):
     return [n.target for n in gm.graph.nodes if n.op == "call_function"]
 
 
+def _fusing(recompute: bool = True) -> ember.Backend:
+    """aot_eager's compile, declared as a backend that fuses cheap ops (or not)."""
+    from ember_aot_eager import compile_aot_eager
+
+    return ember.Backend(f"fusing_{recompute}", compile_aot_eager, level="aten",
+                         recompute=recompute)
+
+
 def test_partition_saves_matmul_and_recomputes_pointwise():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(16, 8, generator=g, requires_grad=True)
     w1 = torch.randn(32, 8, generator=g, requires_grad=True)
     w2 = torch.randn(8, 32, generator=g, requires_grad=True)
     fn = lambda x, w1, w2: (F.linear(F.gelu(F.linear(x, w1)), w2),)  # noqa: E731
-    c = compile_fn(fn, [x, w1, w2])
+    c = compile_fn(fn, [x, w1, w2], backend=_fusing())
     part = c._variants[(True, True, True)].partition
     saved = [n for n in part.fw.graph.nodes if n.op == "output"][0].args[0][1:]
     saved_ops = [getattr(s, "target", None) for s in saved]
@@ -110,13 +120,49 @@ def test_partition_saves_matmul_and_recomputes_pointwise():
 
 def test_partition_pointwise_chain_saves_only_input():
     x = torch.randn(1000, requires_grad=True)
-    c = compile_fn(lambda x: (x.sin().cos().exp() * 2,), [x])
+    c = compile_fn(lambda x: (x.sin().cos().exp() * 2,), [x], backend=_fusing())
     part = c._variants[(True,)].partition
     assert part.n_saved == 1 and part.saved_bytes == 4000
     c(x)[0].sum().backward()
     xe = x.detach().clone().requires_grad_()
     (xe.sin().cos().exp() * 2).sum().backward()
     assert_close(x.grad, xe.grad)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "fusing_False"])
+def test_a_backend_that_does_not_fuse_gets_what_the_backward_reads(backend: str) -> None:
+    """Nothing the backward reads is computed again in it (an extra kernel per op for such a
+    backend): ``relu`` after batch norm, ``gelu``, ``sin``... are saved, as eager saves them;
+    views are still rebuilt from what is saved."""
+    be = ember.get_backend("aot_eager") if backend == "aot_eager" else _fusing(False)
+    assert be.recompute is False
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(16, 8, generator=g, requires_grad=True)
+    w1 = torch.randn(32, 8, generator=g, requires_grad=True)
+    w2 = torch.randn(8, 32, generator=g, requires_grad=True)
+    fn = lambda x, w1, w2: (F.linear(F.gelu(F.linear(x, w1)).relu(), w2).sin(),)  # noqa: E731
+    c = compile_fn(fn, [x, w1, w2], backend=be)
+    part = c._variants[(True, True, True)].partition
+    aten = torch.ops.aten
+    computing = [t for t in _ops(part.bw) if t in (aten.gelu.default, aten.relu.default,
+                                                   aten.sin.default, aten.mm.default)]
+    assert aten.gelu.default not in computing and aten.relu.default not in computing
+    assert aten.sin.default not in computing  # sin's backward reads cos(x): nothing recomputed
+    c(x, w1, w2)[0].sum().backward()
+    ref = [t.detach().clone().requires_grad_() for t in (x, w1, w2)]
+    fn(*ref)[0].sum().backward()
+    assert_close([x.grad, w1.grad, w2.grad], [r.grad for r in ref])
+    # the same graph through a backend that fuses: gelu is recomputed there
+    fused = compile_fn(fn, [x, w1, w2], backend=_fusing())._variants[(True, True, True)]
+    assert aten.gelu.default in _ops(fused.partition.bw)
+
+
+def test_the_backends_declare_whether_they_fuse() -> None:
+    assert ember.get_backend("aot_eager").recompute is False
+    assert ember.get_backend("inductor").recompute is True
+    if "cudagraphs" in ember.list_backends():
+        assert ember.get_backend("cudagraphs").recompute is False
+    assert ember.Backend("x", lambda gm, ex: gm, level="aten").recompute is True  # the default
 
 
 def test_partition_graphs_are_functional_aten():

@@ -309,7 +309,8 @@ def graph_key(aot: Any, variant: Any, args: Sequence[Any]) -> str:
     put(f"state={global_state()!r} default_dtype={torch.get_default_dtype()} "
         f"deterministic={torch.are_deterministic_algorithms_enabled()} "
         f"inference_mode={torch.is_inference_mode_enabled()}")
-    put(f"backend={aot.backend.name} options={_canon(dict(sorted(aot.options.items())))}")
+    put(f"backend={aot.backend.name} recompute={aot.backend.recompute} "
+        f"options={_canon(dict(sorted(aot.options.items())))}")
     put(_decomp_text(aot._decomps, "\n".join(graph_lines)))
     put(_cuda_text(graph_lines, args))
     return h.hexdigest()

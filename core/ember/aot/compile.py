@@ -351,7 +351,8 @@ class AOTCompiled:
             joint, names + [f"tangents_{j + 1}" for j in range(n_tangents)])
         guards = self._size_guards(watch)
         n_fwd = len(info.graph_out_flat) + len(info.mutated)
-        part = partition_joint(joint, len(inputs), n_fwd, set(info.mutated))
+        part = partition_joint(joint, len(inputs), n_fwd, set(info.mutated),
+                               recompute=self.backend.recompute)
         cache.store(ck, info, part.fw, part)
         if enabled("aot"):
             log.info("AOT joint graph:\n%s", _readable(joint))

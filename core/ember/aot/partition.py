@@ -54,7 +54,11 @@ def is_random(n: fx.Node) -> bool:
             and torch.Tag.nondeterministic_seeded in t.tags)
 
 
-def is_recomputable(n: fx.Node) -> bool:
+def is_recomputable(n: fx.Node, compute: bool = True) -> bool:
+    """May the backward recompute ``n`` rather than have it saved? Views (no work) always;
+    cheap memory-bound ops (pointwise, copies, fills) only with ``compute``: a backend that fuses
+    them into its kernels recomputes them for free, one that runs each op as a kernel of its own
+    (``aot_eager``, ``cudagraphs``) would pay an extra pass over memory for each."""
     if n.op != "call_function":
         return False
     t = n.target
@@ -62,9 +66,9 @@ def is_recomputable(n: fx.Node) -> bool:
         return True
     if not isinstance(t, torch._ops.OpOverload) or is_random(n):
         return False
-    if t in _CHEAP_EXTRA or torch.Tag.pointwise in t.tags:
+    if t.is_view:
         return True
-    return t.is_view
+    return compute and (t in _CHEAP_EXTRA or torch.Tag.pointwise in t.tags)
 
 
 def is_checkpointed(n: fx.Node) -> bool:
@@ -208,8 +212,10 @@ class _FlowGraph:
 
 
 def partition_joint(joint: fx.GraphModule, n_primals: int, n_fwd_outs: int,
-                    mutated_primals: set[int]) -> Partition:
-    """Partition ``joint`` (inputs: primals then tangents; outputs: forward outputs then grads)."""
+                    mutated_primals: set[int], recompute: bool = True) -> Partition:
+    """Partition ``joint`` (inputs: primals then tangents; outputs: forward outputs then grads).
+    ``recompute``: the backend fuses cheap ops (see :func:`is_recomputable`); without it only
+    views are recomputed, and the backward gets what it reads, as eager saves it."""
     g = joint.graph
     placeholders = [n for n in g.nodes if n.op == "placeholder"]
     primals, tangents = placeholders[:n_primals], placeholders[n_primals:]
@@ -258,7 +264,10 @@ def partition_joint(joint: fx.GraphModule, n_primals: int, n_fwd_outs: int,
             # Inputs and expensive/random ops exist in the forward; a cheap op the forward needs
             # may still be recomputed in the backward from what is saved. Values of a
             # checkpointed region are all recomputed, from the region's inputs.
-            if n.op == "placeholder" or not (ckpt or is_recomputable(n)):
+            # Without ``recompute``, a cheap op the forward does not need still goes to the
+            # backward when that saves bytes: computed once either way (sin's cos(x)).
+            if n.op == "placeholder" or not (
+                    ckpt or is_recomputable(n, recompute or n not in fwd_needed)):
                 fg.add("source", f"{n.name}_in", INF)
             if n in bw_needs:
                 fg.add(f"{n.name}_out", "sink", INF)

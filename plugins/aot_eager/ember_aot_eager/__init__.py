@@ -43,5 +43,5 @@ _VIEWS = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default)
 @ember.hookimpl
 def ember_backends() -> list[ember.Backend]:
     return [ember.Backend(name="aot_eager", compile=compile_aot_eager, level="aten",
-                          decompositions=None,
+                          decompositions=None, recompute=False,  # each op its own kernel
                           description="AOT autograd, then the ATen graphs run as is", options={})]

@@ -121,7 +121,7 @@ def wrap(fn: Callable[..., Any], gm: Any, example_inputs: Sequence[Any], *, cont
 @ember.hookimpl
 def ember_backends() -> list[ember.Backend]:
     return [ember.Backend(name="cudagraphs", compile=compile_cudagraphs, level="aten",
-                          devices=("cuda",),
+                          devices=("cuda",), recompute=False,  # each op its own kernel
                           description="AOT autograd, then the ATen graphs run inside recorded "
                                       "CUDA graphs (replayed per input shape)",
                           options=OPTIONS)]
