@@ -8,8 +8,8 @@
 #      through inductor, eval and train (5 shards). Every part has a deadline: about 520 s.
 #   b  the benchmark tables, alone on the machine: inference (GPT-2, BERT, resnet50, ViT-B/16)
 #      and training (GPT-2, BERT, resnet50), bf16 autocast, eager vs Ember vs torch.compile.
-#   c  cold and warm compile in fresh processes (GPT-2, BERT, resnet50), then profiles of
-#      mode="reduce-overhead" training (resnet50, GPT-2, small sizes).
+#   c  cold and warm compile in fresh processes (GPT-2, BERT, resnet50), then profiles: GPT-2
+#      training at full size, and mode="reduce-overhead" training (BERT, GPT-2, small sizes).
 #   ab a with deadlines of about 190 s, then the inference table (GPT-2, BERT, resnet50).
 set -uo pipefail
 what="${1:-a}"
@@ -87,9 +87,14 @@ c)
     --max-seconds 5 --compile-probes cold,warm --deadline 240 --no-overhead \
     --out "$W/probes" >"$W/probes.log" 2>&1
   stamp "probes rc=$?"
-  for m in resnet50 gpt2; do
+  # GPT-2 training at full size (Ember's Triton kernels: ~17 ms a step against torch.compile's
+  # ~6.6 ms on 2026-12-07) with every kernel named, then reduce-overhead at small sizes
+  timeout 100 python3 scripts/gpu_profile.py --model gpt2 --mode train --size full \
+    --out "$W/profile" --top 80 >"$W/profile_gpt2_full.log" 2>&1
+  stamp "profile gpt2 full rc=$?"
+  for m in bert gpt2; do
     timeout 100 python3 scripts/gpu_profile.py --model $m --mode train --size small \
-      --compile-mode reduce-overhead --out "$W/profile" --top 20 >"$W/profile_$m.log" 2>&1
+      --compile-mode reduce-overhead --out "$W/profile" --top 60 >"$W/profile_$m.log" 2>&1
     stamp "profile $m rc=$?"
   done
   grep -h -E "ms|cold|warm" "$W"/probes.log | tail -30 >>"$W/summary.txt"
