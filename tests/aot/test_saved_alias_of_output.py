@@ -6,7 +6,8 @@ relu(v)``, a graph break, then ``v.mul_(3)``. Eager's relu saved its result ``r`
 backward is fine. The min cut saved ``v`` (as cheap as ``r``, and relu recomputed from it in the
 backward); the write made it stale, and autograd refused to unpack it ("A view was created in
 no_grad mode and its base ... has been modified inplace"). A value aliasing an output now costs
-far more to save than any other, so the cut takes ``r``."""
+far more to save than any other, so the cut takes ``r``. For a backend that does not recompute
+cheap ops (``Backend.recompute=False``), the outputs themselves are treated so too."""
 
 from __future__ import annotations
 
@@ -47,8 +48,22 @@ def base_of_a_view_output(x: torch.Tensor) -> torch.Tensor:
     return flat.sum() + (t * t).sum()
 
 
+def output_read_only_by_an_unused_one(x: torch.Tensor) -> torch.Tensor:
+    # found by a training fuzz once aot_eager stopped recomputing cheap ops: ``u`` is an output
+    # (it crosses the break) whose value the unused ``dead``'s backward would need; eager never
+    # checks it (the loss does not reach ``dead``), so a saved ``u`` must not be what Ember keeps
+    y = x * 2
+    u = y * 2
+    col = u[..., 1]
+    dead = torch.sigmoid(u) * u
+    s = col.sum(0, keepdim=True) + col
+    scale(col)
+    return s.sum() + dead.numel()
+
+
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
-@pytest.mark.parametrize("fn", [diagonal_then_relu, slice_then_exp, base_of_a_view_output],
+@pytest.mark.parametrize("fn", [diagonal_then_relu, slice_then_exp, base_of_a_view_output,
+                                output_read_only_by_an_unused_one],
                          ids=lambda f: f.__name__)
 def test_a_write_into_an_output_after_a_break_leaves_the_backward_right(
         backend: str, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:

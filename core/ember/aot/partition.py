@@ -29,7 +29,8 @@ __all__ = ["Partition", "partition_joint", "saved_bytes"]
 aten = torch.ops.aten
 INF = 1 << 62
 # Added to the cost of saving a value that shares memory with a forward output without being
-# one (a view of an output, the base an output views). The user may write into that output
+# one (a view of an output, the base an output views; for a backend without recompute, the
+# outputs too). The user may write into that output
 # between the forward and the backward (eager allows it wherever eager's own formulas saved
 # something else); such a saved value would then be stale, and autograd refuses a saved view
 # made in the forward whose base was written. Large, but finite: when nothing else can be
@@ -245,6 +246,14 @@ def partition_joint(joint: fx.GraphModule, n_primals: int, n_fwd_outs: int,
     if bw_needs:
         fwd_needed = _ancestors([o for o in fwd_outs if isinstance(o, fx.Node)])
         aliases_output = _aliases_of_outputs(g, fwd_outs)
+        if not recompute:
+            # Without recompute a backend would save the outputs themselves more often (eager
+            # does: a sigmoid's result); one the user writes in place after the call makes the
+            # whole graph's backward raise, even when only an output the loss never reads
+            # needed it (eager checks only the nodes its backward reaches). Recomputed instead
+            # where possible, as the aliases of outputs are.
+            aliases_output |= {o for o in fwd_outs
+                               if isinstance(o, fx.Node) and o.op == "call_function"}
         fg = _FlowGraph()
         fg.v("source"); fg.v("sink")
         for n in g.nodes:
@@ -266,8 +275,8 @@ def partition_joint(joint: fx.GraphModule, n_primals: int, n_fwd_outs: int,
             # checkpointed region are all recomputed, from the region's inputs.
             # Without ``recompute``, a cheap op the forward does not need still goes to the
             # backward when that saves bytes: computed once either way (sin's cos(x)).
-            if n.op == "placeholder" or not (
-                    ckpt or is_recomputable(n, recompute or n not in fwd_needed)):
+            if n.op == "placeholder" or not (ckpt or is_recomputable(
+                    n, recompute or n not in fwd_needed or n in aliases_output)):
                 fg.add("source", f"{n.name}_in", INF)
             if n in bw_needs:
                 fg.add(f"{n.name}_out", "sink", INF)
