@@ -44,6 +44,21 @@ def run_python(code: str, *, pythonpath: Iterable[str | os.PathLike] = (),
 
 
 @pytest.fixture
+def fresh_aot_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty on-disk cache directory for this test (``EMBER_CACHE_DIR``), the AOT cache on,
+    and its counters at zero; returns the directory."""
+    import ember
+    from ember.aot import cache
+
+    d = tmp_path / "cache"
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(d))
+    monkeypatch.setattr(ember.config, "aot_cache", True)
+    for k in cache.counters:
+        monkeypatch.setitem(cache.counters, k, 0)
+    return d
+
+
+@pytest.fixture
 def py():
     """``py(code, pythonpath=..., env=...)`` runs code in a subprocess and returns the result;
     asserts nothing, so tests can check failures too."""

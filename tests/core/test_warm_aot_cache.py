@@ -20,13 +20,8 @@ aten = torch.ops.aten
 
 
 @pytest.fixture(autouse=True)
-def _cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    d = tmp_path / "cache"
-    monkeypatch.setenv("EMBER_CACHE_DIR", str(d))
-    monkeypatch.setattr(ember.config, "aot_cache", True)
-    for k in cache.counters:
-        monkeypatch.setitem(cache.counters, k, 0)
-    return d
+def _cache_dir(fresh_aot_cache: Path) -> Path:
+    return fresh_aot_cache
 
 
 def _backend(name: str = "warmtest", decompositions: Any = None) -> ember.Backend:

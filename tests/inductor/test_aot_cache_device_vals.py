@@ -9,7 +9,6 @@ plugin is run on CPU graphs whose values are rebuilt as ``DeviceVal`` on the CPU
 from __future__ import annotations
 
 import operator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,14 +22,7 @@ from ember.aot import cache
 from test_inductor_models import Attention, Block, ConvBN
 
 
-@pytest.fixture(autouse=True)
-def _cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    d = tmp_path / "cache"
-    monkeypatch.setenv("EMBER_CACHE_DIR", str(d))
-    monkeypatch.setattr(ember.config, "aot_cache", True)
-    for k in cache.counters:
-        monkeypatch.setitem(cache.counters, k, 0)
-    return d
+pytestmark = pytest.mark.usefixtures("fresh_aot_cache")  # tests/conftest.py
 
 
 def test_device_val_has_the_geometry_and_keeps_its_device_through_ops() -> None:

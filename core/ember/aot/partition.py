@@ -30,11 +30,11 @@ aten = torch.ops.aten
 INF = 1 << 62
 # Added to the cost of saving a value that shares memory with a forward output without being
 # one (a view of an output, the base an output views; for a backend without recompute, the
-# outputs too). The user may write into that output
-# between the forward and the backward (eager allows it wherever eager's own formulas saved
-# something else); such a saved value would then be stale, and autograd refuses a saved view
-# made in the forward whose base was written. Large, but finite: when nothing else can be
-# saved, it still is (and autograd's version check reports the write).
+# outputs too). The user may write into that output between the forward and the backward
+# (eager allows it wherever eager's own formulas saved something else); such a saved value
+# would then be stale, and autograd refuses a saved view made in the forward whose base was
+# written. Large, but finite: when nothing else can be saved, it still is (and autograd's
+# version check reports the write).
 _ALIAS_OF_OUTPUT = 1 << 40
 
 # Recomputing these in the backward is cheap (memory-bound, usually fused by a real backend).
@@ -304,18 +304,29 @@ def partition_joint(joint: fx.GraphModule, n_primals: int, n_fwd_outs: int,
                      _primal_reaches(g, primals, fwd_outs, tangent_dep), len(saved_sym))
 
 
-def _memory_root(n: fx.Node, roots: dict[fx.Node, fx.Node]) -> fx.Node:
-    """The value whose memory ``n`` views (``n`` itself when it is not a view)."""
-    r = roots.get(n)
-    if r is None:
-        t = n.target
-        src = n.args[0] if n.op == "call_function" and n.args else None
-        is_view = (isinstance(src, fx.Node) and (
+def _viewed(n: fx.Node) -> fx.Node | None:
+    """The value ``n`` is a view of (None when it is not a view)."""
+    t = n.target
+    src = n.args[0] if n.op == "call_function" and n.args else None
+    if isinstance(src, fx.Node) and (
             (isinstance(t, torch._ops.OpOverload) and t.is_view)
             or (t is operator.getitem and src.op == "call_function"
-                and isinstance(src.target, torch._ops.OpOverload) and src.target.is_view)))
-        r = roots[n] = _memory_root(src, roots) if is_view else n
-    return r
+                and isinstance(src.target, torch._ops.OpOverload) and src.target.is_view)):
+        return src
+    return None
+
+
+def _memory_root(n: fx.Node, roots: dict[fx.Node, fx.Node]) -> fx.Node:
+    """The value whose memory ``n`` views (``n`` itself when it is not a view); ``roots``
+    remembers every node of the chain walked (a loop, not recursion: chains of views may be long)."""
+    chain = []
+    while n not in roots and (src := _viewed(n)) is not None:
+        chain.append(n)
+        n = src
+    root = roots.setdefault(n, n)
+    for c in chain:
+        roots[c] = root
+    return root
 
 
 def _aliases_of_outputs(g: fx.Graph, fwd_outs: list[Any]) -> set[fx.Node]:
