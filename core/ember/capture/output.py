@@ -90,6 +90,50 @@ class GuardSet:
         self._seen.update(new)
         self.exprs[:0] = new
 
+    def shortened(self) -> list[str]:
+        """The guards as the entry evaluates them: every path through an identity-guarded
+        object read from the namespace reference instead (``___Conv2d_7.padding`` for
+        ``self._modules['layer1']._modules['0']._modules['conv1'].padding``).
+
+        The guards are one conjunction, so a guard may read through a reference whose own
+        identity guard comes later: when that one fails, the entry misses whatever the other
+        read. An identity guard itself is rewritten only below its own source (through its
+        nearest guarded ancestor), never to ``(___M) is ___M``. Guards with their own binding
+        scopes (a comprehension, a lambda) are kept as they are. ``exprs`` (what the guard log
+        and the explanation of a miss print) keep the long form."""
+        # (a root, ``self``, is a local already: nothing to gain)
+        chained = {s: r for s, r in self.identity.items() if s.base is not None}
+        if not chained:
+            return list(self.exprs)
+        import re
+
+        own = {f"({s}) is {r}": s for s, r in chained.items()}
+        texts = sorted(((str(s), r) for s, r in chained.items()), key=lambda t: -len(t[0]))
+        refs = dict(texts)
+        # a whole source text: not the tail of a longer name or attribute path, not a prefix
+        # of a longer name (``s.a`` in ``s.ab``), the longest alternative first; string
+        # literals (``co_varnames[0] == 'self'``) are matched first and kept as they are
+        pattern = re.compile("('(?:[^'\\\\]|\\\\.)*'|\"(?:[^\"\\\\]|\\\\.)*\")|(?<![\\w.])(?:"
+                             + "|".join(re.escape(t) for t, _ in texts) + ")(?!\\w)")
+
+        def short_identity(s: Source, ref: str) -> str:
+            for anc in itertools.islice(s.chain(), 1, None):
+                r = chained.get(anc)
+                if r is not None:
+                    return f"({s.rebase(anc, NamespaceRef(r))}) is {ref}"
+            return f"({s}) is {ref}"
+
+        out = []
+        for e in self.exprs:
+            s = own.get(e)
+            if s is not None:
+                out.append(short_identity(s, chained[s]))
+            elif " for " in e or "lambda" in e:
+                out.append(e)
+            else:
+                out.append(pattern.sub(lambda m: m.group(1) or refs[m.group(0)], e))
+        return out
+
 
 class DynamicPolicy:
     """How one capture treats sizes and ints: ``mode`` is ``ember.compile(dynamic=...)``;
@@ -707,7 +751,7 @@ def entry_source(fn: Callable[..., Any], out: OutputGraph, has_graph: bool,
     # The function being called comes first: functions sharing this code object share entries,
     # and each call's guards read that call's own function (closure, defaults, globals).
     sig = f"{FN}, {sig}" if sig else FN
-    guard_expr = " and\n            ".join(map(conjunct, out.guards.exprs)) or "True"
+    guard_expr = " and\n            ".join(map(conjunct, out.guards.shortened())) or "True"
     lines = [f"def ___entry({sig}):",
              "    try:",
              f"        if not ({guard_expr}):",
