@@ -235,3 +235,33 @@ def test_backward_that_mutated_before_failing_is_not_made_opaque(caplog, monkeyp
     torch.testing.assert_close(x.grad, xe.grad)
     assert not any("scaled_by cannot be traced" in r.getMessage() for r in caplog.records)
     assert any("data-dependent" in r.getMessage() for r in caplog.records)
+
+
+def test_backward_on_another_thread_still_runs_opaque(monkeypatch) -> None:
+    """On a GPU the autograd engine runs the backward nodes of CUDA tensors on its device
+    thread, not the tracing thread: the wrapper must not depend on the tracing thread's state
+    there (Mixtral, Qwen2-MoE and OLMoE training fell back on CUDA only). Simulated on the CPU:
+    the trace looks inactive from inside the backward wrapper, as it does from that thread."""
+    import sys
+
+    from ember.aot import opaque
+
+    real = opaque._active
+
+    def active_except_in_backward() -> bool:
+        return real() and sys._getframe(1).f_code.co_name != "backward"
+
+    monkeypatch.setattr(opaque, "_active", active_except_in_backward)
+    monkeypatch.setattr(ember.config, "aot_cache", False)
+    torch.manual_seed(0)
+    m = MoE()
+    compiled = ember.compile(m, backend="aot_eager")
+    ember.reset()
+    x = torch.randn(9, 6, generator=torch.Generator().manual_seed(1))
+    ref, ref_g = _train(m, m, x)
+    out, g = _train(m, compiled, x)
+    torch.testing.assert_close(out, ref)
+    for a, b in zip(g, ref_g):
+        torch.testing.assert_close(a, b)
+    stats = ember.events.counters["stats"]
+    assert stats["graphs"] == 1 and stats["fallbacks"] == 0, dict(stats)

@@ -35,6 +35,10 @@ log = logging.getLogger("ember.aot")
 _tls = threading.local()
 _lock = threading.Lock()
 _FWD = "_ember_fwd"
+#: on the context too: the trace's (shape_env, ignored symbols, fallen ops). The backward may run
+#: on another thread than the trace: the autograd engine runs a CUDA graph's backward nodes on
+#: its device thread, where the tracing thread's locals are not seen.
+_TRACE = "_ember_trace"
 
 
 def _active() -> bool:
@@ -224,14 +228,17 @@ def _wrap(opdef: Any) -> None:
         if _active():
             setattr(ctx, _FWD, (tuple(inputs), dict(kw.get("keyword_only_inputs") or {}),
                                 output))
+            setattr(ctx, _TRACE, (_tls.shape_env, _tls.ignored, _tls.fallen))
         if orig_setup is None:
             return None
         return orig_setup(ctx=ctx, inputs=inputs, output=output, **kw)
 
     def backward(ctx: Any, *grads: Any) -> Any:
-        if not _active() or not hasattr(ctx, _FWD):
+        # (not _active(): this may be the autograd engine's device thread, not the trace's)
+        trace = getattr(ctx, _TRACE, None)
+        if trace is None or not hasattr(ctx, _FWD):
             return orig_backward(ctx, *grads)
-        env = _tls.shape_env
+        env, ignored, fallen = trace
         before = set(env.var_to_range) if env is not None else None
         seen = _visible_tensors(ctx, grads)
         versions = [t._version for t in seen]
@@ -245,11 +252,11 @@ def _wrap(opdef: Any) -> None:
                 # graph is no longer that of a backward that did not run
                 raise
             if before is not None:  # symbols the abandoned trace made belong to no graph
-                _tls.ignored |= {s for s in env.var_to_range if s not in before}
+                ignored.update(s for s in env.var_to_range if s not in before)
             log.info("ember: the backward of custom op %s cannot be traced (%s: %s); it runs "
                      "as one opaque op in the backward graph", qualname, type(e).__name__,
                      str(e).split("\n", 1)[0])
-            _tls.fallen.append(qualname)
+            fallen.append(qualname)
             return _opaque(ctx, grads, qualname, kwargs_only)
 
     setup_context._ember_orig = orig_setup  # type: ignore[attr-defined]

@@ -21,6 +21,7 @@ from .aliasing import HELPERS as _ALIAS_HELPERS
 from .guards import FN
 from .lifetime import make_entry, weak_names
 from .sources import Local, NamespaceRef, Source
+from .tensor_check import meta_of, tensors_ok
 from .variables import (BoundMethodVar, BuiltinVar, CellVar, ClassVar, ConstVar,
                         ContainerMethodVar, DataclassVar, DictVar, ExitVar, FunctionVar,
                         IteratorVar, ListVar, NestedFunctionVar, NNModuleVar,
@@ -53,7 +54,8 @@ def _with_kwdefaults(fn: types.FunctionType, kw: dict) -> types.FunctionType:
 ENTRY_HELPERS = {"___GradRestore": GradRestore, "___enter_autocast": _enter_autocast,
                  "___autocast_nesting": autocast_nesting, "___settle_autocast": settle_autocast, "___mkobj": _mkobj, "___mkcell": _mkcell,
                  "___MethodType": types.MethodType, "___FunctionType": types.FunctionType,
-                 "___with_kwdefaults": _with_kwdefaults, **_ALIAS_HELPERS}
+                 "___with_kwdefaults": _with_kwdefaults, "___tensors_ok": tensors_ok,
+                 **_ALIAS_HELPERS}
 
 log = logging.getLogger("ember.capture")
 graph_log = _logging.get_artifact_logger("graph")
@@ -73,6 +75,10 @@ class GuardSet:
         self.origins: dict[str, str] = {}
         #: source -> namespace name, for sources guarded by identity (``(src) is ___name``)
         self.identity: dict[Source, str] = {}
+        #: metadata guard of an identity-guarded parameter or buffer -> (its namespace name,
+        #: :func:`~ember.capture.tensor_check.meta_of`): evaluated together as one guard
+        self.tensor_meta: dict[str, tuple[str, tuple]] = {}
+        self._bulk: tuple[tuple[str, ...], tuple] | None = None
 
     def add(self, expr: str) -> None:
         if expr not in self._seen:
@@ -90,7 +96,7 @@ class GuardSet:
         self._seen.update(new)
         self.exprs[:0] = new
 
-    def shortened(self) -> list[str]:
+    def shortened(self, ns: Callable[[Any, str], str] | None = None) -> list[str]:
         """The guards as the entry evaluates them: every path through an identity-guarded
         object read from the namespace reference instead (``___Conv2d_7.padding`` for
         ``self._modules['layer1']._modules['0']._modules['conv1'].padding``).
@@ -100,11 +106,16 @@ class GuardSet:
         read. An identity guard itself is rewritten only below its own source (through its
         nearest guarded ancestor), never to ``(___M) is ___M``. Guards with their own binding
         scopes (a comprehension, a lambda) are kept as they are. ``exprs`` (what the guard log
-        and the explanation of a miss print) keep the long form."""
+        and the explanation of a miss print) keep the long form.
+
+        ``ns`` (the capture's namespace naming): the metadata guards of identity-guarded
+        parameters and buffers (:attr:`tensor_meta`), when there are two or more, become one
+        ``___tensors_ok((refs...), ___tmeta_N)`` at the place of the last."""
+        exprs = self._bulk_tensor_meta(ns) if ns is not None else list(self.exprs)
         # (a root, ``self``, is a local already: nothing to gain)
         chained = {s: r for s, r in self.identity.items() if s.base is not None}
         if not chained:
-            return list(self.exprs)
+            return exprs
         import re
 
         own = {f"({s}) is {r}": s for s, r in chained.items()}
@@ -124,7 +135,7 @@ class GuardSet:
             return f"({s}) is {ref}"
 
         out = []
-        for e in self.exprs:
+        for e in exprs:
             s = own.get(e)
             if s is not None:
                 out.append(short_identity(s, chained[s]))
@@ -133,6 +144,19 @@ class GuardSet:
             else:
                 out.append(pattern.sub(lambda m: m.group(1) or refs[m.group(0)], e))
         return out
+
+    def _bulk_tensor_meta(self, ns: Callable[[Any, str], str]) -> list[str]:
+        metas = [e for e in self.exprs if e in self.tensor_meta]
+        if len(metas) < 2:
+            return list(self.exprs)
+        keys = tuple(metas)
+        if self._bulk is None or self._bulk[0] != keys:  # one tuple: one namespace name
+            self._bulk = (keys, tuple(self.tensor_meta[e][1] for e in metas))
+        refs = ", ".join(self.tensor_meta[e][0] for e in metas)
+        bulk = f"___tensors_ok(({refs},), {ns(self._bulk[1], 'tmeta')})"
+        # at the place of the last: after the identity guards of all of them
+        last, drop = metas[-1], set(metas)
+        return [bulk if e == last else e for e in self.exprs if e == last or e not in drop]
 
 
 class DynamicPolicy:
@@ -383,11 +407,14 @@ class OutputGraph:
             # The same Parameter object can hold another tensor: ``module.double()``,
             # ``.half()``, ``.to(device)`` and ``p.data = t`` swap its data in place, so its
             # dtype, device, shape and strides are checked too (the graph was specialized to them).
-            self.guards.add(f"{ref}.requires_grad is {bool(value.requires_grad)} and "
-                            f"{ref}.dtype is {self.ns(value.dtype, str(value.dtype))} and "
-                            f"{ref}.device == {self.ns(value.device, 'device')} and "
-                            f"{ref}.shape == {tuple(value.shape)!r} and "
-                            f"{ref}.stride() == {tuple(value.stride())!r}")
+            meta = (f"{ref}.requires_grad is {bool(value.requires_grad)} and "
+                    f"{ref}.dtype is {self.ns(value.dtype, str(value.dtype))} and "
+                    f"{ref}.device == {self.ns(value.device, 'device')} and "
+                    f"{ref}.shape == {tuple(value.shape)!r} and "
+                    f"{ref}.stride() == {tuple(value.stride())!r}")
+            self.guards.add(meta)
+            # the entry checks all of these at once (GuardSet.shortened, tensor_check.py)
+            self.guards.tensor_meta.setdefault(meta, (ref, meta_of(value)))
             self.fetch[source] = ref
         elif sym is not None and _is_symbolic_tensor(fake):
             self.guards.add(self.symbolic_tensor_guard(source, value, fake))
@@ -751,7 +778,7 @@ def entry_source(fn: Callable[..., Any], out: OutputGraph, has_graph: bool,
     # The function being called comes first: functions sharing this code object share entries,
     # and each call's guards read that call's own function (closure, defaults, globals).
     sig = f"{FN}, {sig}" if sig else FN
-    guard_expr = " and\n            ".join(map(conjunct, out.guards.shortened())) or "True"
+    guard_expr = " and\n            ".join(map(conjunct, out.guards.shortened(out.ns))) or "True"
     lines = [f"def ___entry({sig}):",
              "    try:",
              f"        if not ({guard_expr}):",
@@ -774,10 +801,10 @@ def build_entry(fn: Callable[..., Any], out: OutputGraph, compiled: Callable[...
     code = fn.__code__
     sig = signature_source(code)
     sig = f"{FN}, {sig}" if sig else FN
-    ns = dict(out.namespace)
+    src = entry_source(fn, out, compiled is not None, input_exprs, body, prologue)
+    ns = dict(out.namespace)  # (after the source: it may name a value of its own)
     ns["___MISS"] = MISS
     ns["___compiled"] = compiled
-    src = entry_source(fn, out, compiled is not None, input_exprs, body, prologue)
     # A second function evaluates the guards one by one to name the first that fails.
     explain_lines = [f"def ___failed_guard({sig}):"]
     for g in out.guards.exprs:

@@ -415,6 +415,9 @@ class _Finder:
                 mod, _ = _import_name(type(obj))  # the live type is checked to be this one
                 self._file(mod)
             return ["path", path, meta]
+        if type(obj) is tuple and name.startswith("___tmeta_"):
+            # the parameters' and buffers' metadata that ___tensors_ok compares (plain data)
+            return ["plain", _enc_plain(obj)]
         if type(obj) in (tuple, dict):  # a function's __defaults__ / __kwdefaults__
             for attr in ("__defaults__", "__kwdefaults__"):
                 if getattr(self.fn, attr) is obj:
