@@ -309,6 +309,13 @@ def run(cfg: RunConfig) -> tuple[list[Row], dict[str, dict[str, Any]]]:
     for b, why in avail.items():
         if why:
             progress(f"{b}: {why}")
+    if any(b.startswith("ember") for b in cfg.backends):
+        # Ember's guard extension is built once per machine and torch (scripts/setup.sh does
+        # it): built now if missing, not in the background while the timings run
+        from ember.capture import tensor_check
+
+        if tensor_check.extension(wait=300) is None:
+            progress(f"ember guards: Python tensor check ({tensor_check._state})")
     t_start = time.perf_counter()
     rows: list[Row] = []
     for name in cfg.models or []:
