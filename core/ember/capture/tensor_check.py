@@ -167,6 +167,8 @@ def tensors_ok(ts: tuple[Any, ...], metas: tuple[tuple[Any, ...], ...]) -> bool:
         return _check_py(ts, metas)
     hit = _packed.get(id(metas))
     if hit is None or hit[0] is not metas:
+        if len(_packed) >= 4096:  # entries long dead keep theirs otherwise: start over
+            _packed.clear()
         hit = (metas, ext.pack(metas))
         _packed[id(metas)] = hit
     return ext.check(ts, hit[1])
