@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# One device call (about 5 minutes): what the 2026-12-07 afternoon session built and could not
+# run on a GPU (its device budget was spent).
+#   1. the MoE training corpus on CUDA (mixtral, qwen2_moe, olmoe: fell back before the fix of
+#      aot/opaque.py; expected 0 fallbacks, 0 wrong)
+#   2. the new tests on CUDA's stack (torch 2.11, Python 3.12): the C++ guard extension builds
+#      and agrees with Python; the opaque backward; tests/cudagraphs
+#   OUT=... bash scripts/gpu_verify.sh
+set -uo pipefail
+OUT="${OUT:-$PWD/gpu_out}"; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD:$PWD/core:$PWD/plugins/inductor:$PWD/plugins/eager:$PWD/plugins/aot_eager:$PWD/plugins/cudagraphs"
+python3 -m pip install -q --no-deps --no-build-isolation --no-index -e ./core -e ./plugins/eager \
+  -e ./plugins/aot_eager -e ./plugins/inductor -e ./plugins/cudagraphs >"$OUT/install.log" 2>&1
+EMBER_HF_DEVICE=cuda EMBER_TRITON_COMPILE_WORKERS=4 timeout 150 python3 scripts/gpu_hf_corpus.py \
+  --budget 120 --modes train mixtral qwen2_moe olmoe >"$OUT/moe.log" 2>&1
+echo "moe rc=$?"
+grep -h -E "^\||SUMMARY|FALLBACK" "$OUT/moe.log" | cut -c1-600
+timeout 200 python3 -m pytest -q -p no:cacheprovider -rs tests/capture/test_tensor_check.py \
+  tests/aot/test_opaque_backward.py tests/cudagraphs >"$OUT/tests.log" 2>&1
+echo "tests rc=$?"
+grep -E "passed|failed|^FAILED|^ERROR" "$OUT/tests.log" | tail -15
