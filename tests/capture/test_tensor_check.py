@@ -147,3 +147,44 @@ def test_persisted_entry_keeps_the_tensor_guard(tmp_path):
         r = subprocess.run([sys.executable, "-c", code, run], capture_output=True, text=True,
                            env=env, timeout=300)
         assert r.returncode == 0 and r.stdout.strip() == "ok", (run, r.stdout, r.stderr[-2000:])
+
+
+def test_a_build_in_another_process_is_waited_for_not_repeated(tmp_path):
+    """Processes sharing a cache: while one holds the build's file lock, another keeps the Python
+    comparison (and tries again later) instead of running a second compiler; once the library
+    is there, every process loads it without building."""
+    import fcntl
+    import os
+    import subprocess
+    import sys
+
+    folder = tmp_path / "ext"
+    folder.mkdir()
+    name = f"ember_tensor_check_{tc._key()}"
+    import sysconfig
+
+    so = folder / (name + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
+    code = ("from ember.capture import tensor_check as tc\n"
+            "e = tc.extension(wait=300)\n"
+            "print(tc._state, e is not None, tc._next_try > tc.START_AFTER)\n")
+    env = {**os.environ, "EMBER_CACHE_DIR": str(tmp_path)}
+    with open(folder / f".{so.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # "another process" is building
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           env=env, timeout=300)
+        assert r.stdout.split() == ["idle", "False", "True"], (r.stdout, r.stderr[-1000:])
+        assert not so.exists()
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       timeout=600)
+    assert r.stdout.split() == ["ready", "True", "False"], (r.stdout, r.stderr[-1000:])
+    assert so.exists()
+    mtime = so.stat().st_mtime_ns
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert r.stdout.split() == ["ready", "True", "False"] and so.stat().st_mtime_ns == mtime
+    # a corrupt library (a truncated copy, another machine's) is rebuilt, not trusted
+    so.write_bytes(b"not a shared library")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       timeout=600)
+    assert r.stdout.split() == ["ready", "True", "False"], (r.stdout, r.stderr[-1000:])
+    assert so.stat().st_size > 1000

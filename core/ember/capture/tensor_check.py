@@ -251,11 +251,13 @@ def _load_or_build() -> Any:
 
     folder = cache_dir() / "ext"
     path = folder / f"ember_tensor_check_{_key()}{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}"
+    corrupt = False
     if path.exists():
         try:
             return _import(path)
         except Exception as e:  # noqa: BLE001 - corrupt or foreign: build again
             log.info("ember: rebuilding %s: %s", path.name, e)
+            corrupt = True
     cxx = _compiler()
     if not cxx:
         raise RuntimeError("no C++ compiler (g++ or $CXX) found")
@@ -267,7 +269,7 @@ def _load_or_build() -> Any:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             raise _Busy() from None
-        if path.exists():  # built by the process that held the lock before
+        if path.exists() and not corrupt:  # built by the process that held the lock before
             return _import(path)
         return _build(cxx, folder, path)
 
