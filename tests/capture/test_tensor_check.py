@@ -49,6 +49,11 @@ def test_extension_agrees_with_python_on_every_pair(ext):
     assert ext.check(tuple(ts) + (ts[0],), ext.pack(tuple(metas))) is False
     assert ext.check((1.0,), ext.pack((metas[0],))) is False
     assert tc._check_py((1.0,), (metas[0],)) is False
+    # tensors without strides (a parameter whose data became sparse) miss, never crash
+    sparse = torch.randn(4, 5).to_sparse()
+    assert ext.check((sparse,), ext.pack((metas[2],))) is False
+    assert tc.tensors_ok((sparse,), (metas[2],)) is False
+    assert tc._check_py((sparse,), (metas[2],)) is False
 
 
 def test_the_entry_checks_parameters_with_one_guard():

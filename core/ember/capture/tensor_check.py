@@ -99,21 +99,25 @@ static PyObject *check(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
   PyObject *ts = args[0];
   const int64_t *w = (const int64_t *)PyBytes_AS_STRING(args[1]);
   const int64_t *end = w + PyBytes_GET_SIZE(args[1]) / sizeof(int64_t);
-  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(ts); i++) {
-    PyObject *o = PyTuple_GET_ITEM(ts, i);
-    if (w + 5 > end || !THPVariable_Check(o)) Py_RETURN_FALSE;
-    const at::Tensor &t = THPVariable_Unpack(o);
-    if (!t.defined()) Py_RETURN_FALSE;
-    const at::Device d = t.device();
-    int64_t n = w[4];
-    if ((int64_t)t.scalar_type() != w[0] || (int64_t)d.type() != w[1] ||
-        (int64_t)d.index() != w[2] || (t.requires_grad() ? 1 : 0) != w[3] ||
-        t.dim() != n || w + 5 + 2 * n > end)
-      Py_RETURN_FALSE;
-    c10::IntArrayRef sizes = t.sizes(), strides = t.strides();
-    for (int64_t k = 0; k < n; k++)
-      if (sizes[k] != w[5 + k] || strides[k] != w[5 + n + k]) Py_RETURN_FALSE;
-    w += 5 + 2 * n;
+  try {  // a tensor that became sparse, nested, ... (no strides): a miss, never a crash
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(ts); i++) {
+      PyObject *o = PyTuple_GET_ITEM(ts, i);
+      if (w + 5 > end || !THPVariable_Check(o)) Py_RETURN_FALSE;
+      const at::Tensor &t = THPVariable_Unpack(o);
+      if (!t.defined() || t.layout() != c10::kStrided || t.is_nested()) Py_RETURN_FALSE;
+      const at::Device d = t.device();
+      int64_t n = w[4];
+      if ((int64_t)t.scalar_type() != w[0] || (int64_t)d.type() != w[1] ||
+          (int64_t)d.index() != w[2] || (t.requires_grad() ? 1 : 0) != w[3] ||
+          t.dim() != n || w + 5 + 2 * n > end)
+        Py_RETURN_FALSE;
+      c10::IntArrayRef sizes = t.sizes(), strides = t.strides();
+      for (int64_t k = 0; k < n; k++)
+        if (sizes[k] != w[5 + k] || strides[k] != w[5 + n + k]) Py_RETURN_FALSE;
+      w += 5 + 2 * n;
+    }
+  } catch (...) {
+    Py_RETURN_FALSE;
   }
   if (w != end) Py_RETURN_FALSE;
   Py_RETURN_TRUE;
@@ -137,10 +141,13 @@ def meta_of(t: torch.Tensor) -> tuple[Any, ...]:
 def _check_py(ts: Sequence[Any], metas: Sequence[tuple[Any, ...]]) -> bool:
     if len(ts) != len(metas):
         return False
-    for t, (dtype, device, rg, shape, stride) in zip(ts, metas):
-        if not (isinstance(t, torch.Tensor) and t.requires_grad is rg and t.dtype is dtype
-                and t.device == device and t.shape == shape and t.stride() == stride):
-            return False
+    try:
+        for t, (dtype, device, rg, shape, stride) in zip(ts, metas):
+            if not (isinstance(t, torch.Tensor) and t.requires_grad is rg and t.dtype is dtype
+                    and t.device == device and t.shape == shape and t.stride() == stride):
+                return False
+    except RuntimeError:  # no strides (sparse, nested): a miss
+        return False
     return True
 
 
