@@ -315,7 +315,7 @@ def run(cfg: RunConfig) -> tuple[list[Row], dict[str, dict[str, Any]]]:
         from ember.capture import tensor_check
 
         if tensor_check.extension(wait=300) is None:
-            progress(f"ember guards: Python tensor check ({tensor_check._state})")
+            progress(f"ember guards: Python tensor check ({tensor_check.state()})")
     t_start = time.perf_counter()
     rows: list[Row] = []
     for name in cfg.models or []:

@@ -7,10 +7,8 @@
 #   OUT=... bash scripts/gpu_profiles.sh
 set -uo pipefail
 OUT="${OUT:-$PWD/gpu_out}"; mkdir -p "$OUT/profile"
-export PYTHONUNBUFFERED=1 EMBER_CACHE_DIR=/tmp/ember_prof_cache
-export PYTHONPATH="$PWD:$PWD/core:$PWD/plugins/inductor:$PWD/plugins/eager:$PWD/plugins/aot_eager:$PWD/plugins/cudagraphs"
-python3 -m pip install -q --no-deps --no-build-isolation --no-index -e ./core -e ./plugins/eager \
-  -e ./plugins/aot_eager -e ./plugins/inductor -e ./plugins/cudagraphs >"$OUT/install.log" 2>&1
+export EMBER_CACHE_DIR=/tmp/ember_prof_cache
+source scripts/gpu_env.sh
 EMBER_VERBOSE=1 EMBER_TRITON_COMPILE_WORKERS=2 timeout 60 python3 scripts/gpu_hf_corpus.py \
   --budget 40 --modes train mixtral >"$OUT/moe_verbose.log" 2>&1
 echo "moe rc=$?"

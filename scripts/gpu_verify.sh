@@ -8,10 +8,7 @@
 #   OUT=... bash scripts/gpu_verify.sh
 set -uo pipefail
 OUT="${OUT:-$PWD/gpu_out}"; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-export PYTHONPATH="$PWD:$PWD/core:$PWD/plugins/inductor:$PWD/plugins/eager:$PWD/plugins/aot_eager:$PWD/plugins/cudagraphs"
-python3 -m pip install -q --no-deps --no-build-isolation --no-index -e ./core -e ./plugins/eager \
-  -e ./plugins/aot_eager -e ./plugins/inductor -e ./plugins/cudagraphs >"$OUT/install.log" 2>&1
+source scripts/gpu_env.sh
 EMBER_HF_DEVICE=cuda EMBER_TRITON_COMPILE_WORKERS=4 timeout 150 python3 scripts/gpu_hf_corpus.py \
   --budget 120 --modes train mixtral qwen2_moe olmoe >"$OUT/moe.log" 2>&1
 echo "moe rc=$?"

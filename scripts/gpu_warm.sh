@@ -8,10 +8,8 @@
 #   OUT=... bash scripts/gpu_warm.sh      (about 4 minutes)
 set -uo pipefail
 OUT="${OUT:-$PWD/gpu_out}"; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 EMBER_CACHE_DIR=/tmp/ember_warm_cache
-export PYTHONPATH="$PWD:$PWD/core:$PWD/plugins/inductor:$PWD/plugins/eager:$PWD/plugins/aot_eager:$PWD/plugins/cudagraphs"
-python3 -m pip install -q --no-deps --no-build-isolation --no-index -e ./core -e ./plugins/eager \
-  -e ./plugins/aot_eager -e ./plugins/inductor -e ./plugins/cudagraphs >"$OUT/install.log" 2>&1
+export EMBER_CACHE_DIR=/tmp/ember_warm_cache
+source scripts/gpu_env.sh
 (nvidia-smi -L; python3 -c "import sys, torch, triton, transformers; print(sys.version.split()[0], torch.__version__, triton.__version__, transformers.__version__)") >"$OUT/env.txt" 2>&1
 timeout 140 python3 -m benchmarks run --device cuda --mode infer --amp --models gpt2,bert \
   --backends ember-inductor --iters 5 --max-seconds 2 --compile-probes cold,warm --deadline 120 \

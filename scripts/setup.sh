@@ -75,6 +75,6 @@ pip install "${TEST_DEPS[@]}"
 "$VPY" -m ember backends >&2
 # Ember's guard extension (ember/capture/tensor_check.py), built once against this torch; a
 # machine without a compiler keeps the Python check (the line says why)
-"$VPY" -c "from ember.capture import tensor_check as t; import sys; print('[setup] tensor check:', 'C++' if t.extension(wait=300) is not None else 'Python (' + t._state + ')', file=sys.stderr)"
+"$VPY" -c "from ember.capture import tensor_check as t; import sys; print('[setup] tensor check:', 'C++' if t.extension(wait=300) is not None else 'Python (' + t.state() + ')', file=sys.stderr)"
 echo "$want" > "$STAMP"
 log "done in $((SECONDS - t0)) s"

@@ -111,6 +111,16 @@ def _train(m: torch.nn.Module, fn, x: torch.Tensor) -> tuple[torch.Tensor, list]
     return out.detach(), [p.grad.clone() for p in m.parameters()]
 
 
+def _assert_like_eager(m: torch.nn.Module, compiled, x: torch.Tensor) -> None:
+    """One training step of ``compiled``: its output and every parameter's gradient equal
+    eager's."""
+    ref, ref_g = _train(m, m, x)
+    out, g = _train(m, compiled, x)
+    torch.testing.assert_close(out, ref)
+    for a, b in zip(g, ref_g, strict=True):
+        torch.testing.assert_close(a, b)
+
+
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 def test_untraceable_custom_backward_runs_opaque(backend: str, caplog, monkeypatch) -> None:
     monkeypatch.setattr(ember.config, "aot_cache", False)  # trace here (the log is checked)
@@ -121,11 +131,7 @@ def test_untraceable_custom_backward_runs_opaque(backend: str, caplog, monkeypat
     with caplog.at_level(logging.INFO, logger="ember"):
         for seed in range(3):  # different routings: different offs each call
             x = torch.randn(9, 6, generator=torch.Generator().manual_seed(seed))
-            ref, ref_g = _train(m, m, x)
-            out, g = _train(m, compiled, x)
-            torch.testing.assert_close(out, ref)
-            for a, b in zip(g, ref_g):
-                torch.testing.assert_close(a, b)
+            _assert_like_eager(m, compiled, x)
     stats = ember.events.counters["stats"]
     assert stats["graphs"] == 1 and stats["fallbacks"] == 0
     assert any("ember_test::grouped_mm cannot be traced" in r.getMessage()
@@ -258,10 +264,6 @@ def test_backward_on_another_thread_still_runs_opaque(monkeypatch) -> None:
     compiled = ember.compile(m, backend="aot_eager")
     ember.reset()
     x = torch.randn(9, 6, generator=torch.Generator().manual_seed(1))
-    ref, ref_g = _train(m, m, x)
-    out, g = _train(m, compiled, x)
-    torch.testing.assert_close(out, ref)
-    for a, b in zip(g, ref_g):
-        torch.testing.assert_close(a, b)
+    _assert_like_eager(m, compiled, x)
     stats = ember.events.counters["stats"]
     assert stats["graphs"] == 1 and stats["fallbacks"] == 0, dict(stats)

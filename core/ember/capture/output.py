@@ -21,7 +21,7 @@ from .aliasing import HELPERS as _ALIAS_HELPERS
 from .guards import FN
 from .lifetime import make_entry, weak_names
 from .sources import Local, NamespaceRef, Source
-from .tensor_check import meta_of, tensors_ok
+from .tensor_check import NS_HINT, meta_of, tensors_ok
 from .variables import (BoundMethodVar, BuiltinVar, CellVar, ClassVar, ConstVar,
                         ContainerMethodVar, DataclassVar, DictVar, ExitVar, FunctionVar,
                         IteratorVar, ListVar, NestedFunctionVar, NNModuleVar,
@@ -79,6 +79,7 @@ class GuardSet:
         #: :func:`~ember.capture.tensor_check.meta_of`): evaluated together as one guard
         self.tensor_meta: dict[str, tuple[str, tuple]] = {}
         self._bulk: tuple[tuple[str, ...], tuple] | None = None
+        self._short_memo: tuple[tuple, list[str]] | None = None
 
     def add(self, expr: str) -> None:
         if expr not in self._seen:
@@ -111,6 +112,16 @@ class GuardSet:
         ``ns`` (the capture's namespace naming): the metadata guards of identity-guarded
         parameters and buffers (:attr:`tensor_meta`), when there are two or more, become one
         ``___tensors_ok((refs...), ___tmeta_N)`` at the place of the last."""
+        # (entry_source runs for the capture's artifact and again for the entry: guards and
+        # identities only grow, so their counts tell whether anything changed in between)
+        memo_key = (len(self.exprs), len(self.identity), len(self.tensor_meta), ns is None)
+        if self._short_memo is not None and self._short_memo[0] == memo_key:
+            return list(self._short_memo[1])
+        out = self._shortened(ns)
+        self._short_memo = (memo_key, out)
+        return list(out)
+
+    def _shortened(self, ns: Callable[[Any, str], str] | None) -> list[str]:
         exprs = self._bulk_tensor_meta(ns) if ns is not None else list(self.exprs)
         # (a root, ``self``, is a local already: nothing to gain)
         chained = {s: r for s, r in self.identity.items() if s.base is not None}
@@ -153,7 +164,7 @@ class GuardSet:
         if self._bulk is None or self._bulk[0] != keys:  # one tuple: one namespace name
             self._bulk = (keys, tuple(self.tensor_meta[e][1] for e in metas))
         refs = ", ".join(self.tensor_meta[e][0] for e in metas)
-        bulk = f"___tensors_ok(({refs},), {ns(self._bulk[1], 'tmeta')})"
+        bulk = f"___tensors_ok(({refs},), {ns(self._bulk[1], NS_HINT)})"
         # at the place of the last: after the identity guards of all of them
         last, drop = metas[-1], set(metas)
         return [bulk if e == last else e for e in self.exprs if e == last or e not in drop]

@@ -72,7 +72,7 @@ import torch
 import torch.fx as fx
 
 from .._fxjson import decode_arg, encode_arg
-from . import lifetime
+from . import lifetime, tensor_check
 
 __all__ = ["enabled", "save", "load", "counters"]
 
@@ -415,7 +415,7 @@ class _Finder:
                 mod, _ = _import_name(type(obj))  # the live type is checked to be this one
                 self._file(mod)
             return ["path", path, meta]
-        if type(obj) is tuple and name.startswith("___tmeta_"):
+        if type(obj) is tuple and name.startswith(f"___{tensor_check.NS_HINT}_"):
             # the parameters' and buffers' metadata that ___tensors_ok compares (plain data)
             return ["plain", _enc_plain(obj)]
         if type(obj) in (tuple, dict):  # a function's __defaults__ / __kwdefaults__

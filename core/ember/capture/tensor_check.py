@@ -10,32 +10,36 @@ tensors). The entry evaluates them as one guard instead::
     ___tensors_ok((___p_1, ___p_2, ...), ___tmeta_0)
 
 ``___tmeta_0`` is plain data, one ``(dtype, device, requires_grad, shape, strides)`` per
-tensor (persisted captures store it as they store any constant). :func:`tensors_ok` compares
-in C++ once Ember's small extension (:data:`SOURCE`, built against the installed torch) is
-loaded: it reads each tensor's metadata from the tensor itself (no Python objects made), about
-ten times faster. The extension is loaded from Ember's cache (the key names its source, the torch build,
-the Python ABI and the compiler), or built there in a background thread, once guards of this
-kind have run :data:`START_AFTER` times in the process (a short script never starts a
-compiler; one process builds while others wait for its file lock; a compiler still running
-when the process exits is stopped). Until it loads, or where it cannot be built (no compiler,
-no torch headers), the same comparison runs in Python, with the reason logged once at INFO. ``EMBER_TENSOR_CHECK=py``
-turns the extension off. The guard log and the explanation of a miss keep one guard per tensor.
+tensor (persisted captures store it as plain data: its namespace name starts with
+:data:`NS_HINT`). :func:`tensors_ok` compares in C++ once Ember's small extension
+(:data:`SOURCE`, built against the installed torch) is loaded: it reads each tensor's metadata
+from the tensor itself (no Python objects made), about ten times faster.
+
+The extension is loaded from Ember's cache (the key names its source, the torch build, the
+Python ABI and the compiler), or built there in a background thread once guards of this kind
+have run :data:`START_AFTER` times in the process (a short script never starts a compiler; one
+process builds while the others see its file lock and try later; a compiler still running when
+the process exits is stopped; a corrupt library is rebuilt). Until it loads, or where it cannot
+be built (no compiler, no torch headers), the same comparison runs in Python, with the reason
+logged once at INFO (:func:`state`). ``EMBER_TENSOR_CHECK=py`` turns the extension off. The
+guard log and the explanation of a miss keep one guard per tensor.
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import importlib.machinery
 import importlib.util
 import logging
 import os
+import pathlib
 import platform
 import shutil
 import subprocess
 import sys
 import sysconfig
 import tempfile
-import atexit
 import threading
 from typing import Any, Sequence
 
@@ -43,7 +47,10 @@ import torch
 
 log = logging.getLogger("ember.capture")
 
-__all__ = ["tensors_ok", "meta_of", "extension", "SOURCE"]
+__all__ = ["tensors_ok", "meta_of", "extension", "state", "SOURCE", "NS_HINT"]
+
+#: the namespace hint of the metadata tuple (``___tmeta_N``), by which persistence knows it
+NS_HINT = "tmeta"
 
 SOURCE = r"""
 // Ember's tensor-metadata guard (ember/capture/tensor_check.py).
@@ -193,6 +200,12 @@ def extension(wait: float | None = None) -> Any:
     return _ext
 
 
+def state() -> str:
+    """Where the check runs: "ready" (C++), "building", "idle" (not started yet, or another
+    process is building) or "failed" (Python for good: turned off, or the build failed)."""
+    return _state
+
+
 _thread: threading.Thread | None = None
 
 
@@ -257,7 +270,8 @@ def _load_or_build() -> Any:
     from .._store import cache_dir
 
     folder = cache_dir() / "ext"
-    path = folder / f"ember_tensor_check_{_key()}{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}"
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    path = folder / f"ember_tensor_check_{_key()}{suffix}"
     corrupt = False
     if path.exists():
         try:
@@ -281,9 +295,11 @@ def _load_or_build() -> Any:
         return _build(cxx, folder, path)
 
 
-def _build(cxx: str, folder: Any, path: Any) -> Any:
+def _build(cxx: str, folder: pathlib.Path, path: pathlib.Path) -> Any:
     global _proc
     from torch.utils.cpp_extension import include_paths, library_paths
+
+    from .._store import atomic_write
 
     with tempfile.TemporaryDirectory(dir=folder) as tmp:
         src = os.path.join(tmp, "ember_tensor_check.cpp")
@@ -303,7 +319,7 @@ def _build(cxx: str, folder: Any, path: Any) -> Any:
             rc, _proc = _proc.returncode, None
         if rc != 0:
             raise RuntimeError(f"{cxx} failed ({rc}): {(err or '').strip()[-400:]}")
-        os.replace(so, path)  # atomic: another process sees the old entry or this one
+        atomic_write(path, pathlib.Path(so).read_bytes())  # others see the old one or this
     return _import(path)
 
 
