@@ -42,6 +42,8 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--compile-mode", default=None,
                     help="mode of both compilers (reduce-overhead: CUDA graphs)")
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"],
+                    help="bf16 autocast, or fp32 without autocast (the CUDA-graph tables)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     import copy
@@ -58,14 +60,15 @@ def main() -> None:
         kw = {"mode": args.compile_mode} if args.compile_mode else {}
         f = m if name == "eager" else (ember.compile(m, **kw) if name == "ember"
                                        else torch.compile(m, **kw))
+        amp = args.dtype == "bf16"
         if args.mode == "infer":
             def step(f=f):
-                with torch.no_grad(), torch.autocast("cuda", torch.bfloat16):
+                with torch.no_grad(), torch.autocast("cuda", torch.bfloat16, enabled=amp):
                     return f(*inputs)
         else:
             def step(f=f, m=m):
                 m.zero_grad(set_to_none=True)
-                with torch.autocast("cuda", torch.bfloat16):
+                with torch.autocast("cuda", torch.bfloat16, enabled=amp):
                     loss = reduce_to_loss(f(*inputs))
                 loss.backward()
         t0 = time.perf_counter()
@@ -74,7 +77,7 @@ def main() -> None:
         print(f"{name}: first call {time.perf_counter() - t0:.2f} s", flush=True)
         fns[name] = step
     times = {n: _time(f) for n, f in fns.items()}
-    lines = [f"{args.model} {args.mode} {args.size} bf16 autocast, mode {args.compile_mode}, "
+    lines = [f"{args.model} {args.mode} {args.size} {args.dtype}, mode {args.compile_mode}, "
              f"{torch.cuda.get_device_name(0)}"]
     for n, t in times.items():
         lines.append(f"{n:6} {t:8.3f} ms  {times['eager'] / t:5.2f}x eager")
@@ -84,10 +87,14 @@ def main() -> None:
             for _ in range(5):
                 f()
             torch.cuda.synchronize()
-        table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=args.top,
-                                          max_name_column_width=70)
-        lines += ["", f"== {n} (5 steps)", table]
-    with open(os.path.join(args.out, f"profile_{args.model}_{args.mode}_{args.compile_mode or 'default'}.txt"), "w") as fh:
+        avg = prof.key_averages()
+        table = avg.table(sort_by="self_cuda_time_total", row_limit=args.top,
+                          max_name_column_width=70)
+        # the host side too: under CUDA graphs a step is bound by whichever of the two is longer
+        cpu = avg.table(sort_by="self_cpu_time_total", row_limit=min(args.top, 30),
+                        max_name_column_width=70)
+        lines += ["", f"== {n} (5 steps)", table, f"-- {n} host time", cpu]
+    with open(os.path.join(args.out, f"profile_{args.model}_{args.mode}_{args.dtype}_{args.compile_mode or 'default'}.txt"), "w") as fh:
         fh.write("\n".join(lines) + "\n")
 
 

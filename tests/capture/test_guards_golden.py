@@ -118,6 +118,7 @@ GOLDEN = {
         '            not ___Linear_4._forward_pre_hooks and not ___Linear_4._forward_hooks and not ___Linear_4._backward_hooks and not ___Linear_4._backward_pre_hooks and\n'
         '            not (___module_mod_7._global_forward_hooks or ___module_mod_7._global_forward_pre_hooks or ___module_mod_7._global_backward_hooks or ___module_mod_7._global_backward_pre_hooks) and\n'
         "            'forward' not in ___dict_8 and\n"
+        '            type(___Linear_4) is ___Linear_9 and\n'
         '            ___Linear_9.forward is ___forward_10 and\n'
         "            (___Linear_4._parameters['weight']) is ___p_14 and\n"
         "            (___Linear_4._parameters['bias']) is ___p_16 and\n"
@@ -148,17 +149,18 @@ GOLDEN = {
         "            not ___torch.is_autocast_enabled('cpu') and\n"
         "            not ___torch.is_autocast_enabled('cuda') and\n"
         '            type(x) is ___Tensor_1 and (x).dtype is ___dtype_0 and (x).device == ___device_2 and (x).shape == (3,) and (x).stride() == (1,) and (x).requires_grad is False and\n'
-        "            'print' not in ___G):\n"
+        "            'print' not in ___G and\n"
+        "            (___builtins_3['print']) is ___print_4):\n"
         '            return ___MISS\n'
         '    except Exception:\n'
         '        return ___MISS\n'
         '    ___o = ___compiled(x)\n'
-        '    ___p0 = ___builtin_function_or_meth_3\n'
+        '    ___p0 = ___print_4\n'
         "    ___p1 = 'side effect'\n"
         '    ___p2 = x\n'
         '    ___p3 = ___o[0]\n'
         '    ___res = ___p0(___p1)\n'
-        '    return ___resume_4(___p2, ___p3, ___res)\n'
+        '    return ___resume_5(___p2, ___p3, ___res)\n'
         'def ___entry(___fn, x, y, ___stack2):\n'
         '    try:\n'
         '        if not (___torch.is_grad_enabled() is False and\n'

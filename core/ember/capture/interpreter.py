@@ -669,6 +669,10 @@ class Tracer:
                 not out.is_generic(src) else Attr(src, "__dict__", paren=True)
             out.guards.add(not_in_dict_guard(ref, name))
         cls = type(value)
+        if isinstance(obj, NNModuleVar):
+            # an identity-guarded module is still of that class (``m.__class__ = Other`` keeps
+            # its identity and its dict; plain objects are guarded by type already)
+            out.guards.add(f"type({src}) is {out.ns(cls, cls.__name__)}")
         out.guards.add(class_attr_guard(out.ns(cls, cls.__name__), name,
                                         out.ns(attr, getattr(attr, "__name__", "attr")),
                                         through))
@@ -1464,8 +1468,12 @@ class Frame:
         b = g.get("__builtins__", __builtins__)
         bd = b if isinstance(b, dict) else b.__dict__
         if name in bd:
-            # A global of that name defined later would shadow the builtin.
-            self.tracer.out.guards.add(f"{name!r} not in {self.globals_source}")
+            # A global of that name defined later would shadow the builtin, and the builtin
+            # itself can be replaced (``builtins.abs = ...``): both recompile.
+            out = self.tracer.out
+            out.guards.add(f"{name!r} not in {self.globals_source}")
+            out.guards.add(f"({out.ns(bd, 'builtins')}[{name!r}]) is "
+                           f"{out.ns(bd[name], name)}")
             return self.tracer.wrap(bd[name], None)
         raise Unsupported(f"name {name!r} is not defined")
 

@@ -37,10 +37,13 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from . import stable
+
 __all__ = ["weak_names", "make_entry", "namespace", "weak_of", "is_dead", "attach_cache"]
 
 #: ``(source) is ___name``: the object was read from the call's inputs and is identified
 _IDENTIFIED = re.compile(r"\bis (___\w+)\b")
+_NAMES = re.compile(r"\b___\w+")
 
 #: never user-owned, or permanent (held strongly whatever a guard says)
 _STRONG_KINDS = (type, types.ModuleType, types.BuiltinFunctionType, types.BuiltinMethodType,
@@ -191,8 +194,19 @@ def make_entry(src: str, explain_src: str, ns: dict[str, Any], filename: str,
         life.refs[name] = ref
         g[f"{name}__wr"] = ref
     life.derived = derived
+    # guards over state that has not changed: checked by version (stable.py); what runs then
+    # reads fewer names, and dereferences only those
+    run = stable.split(src, g, ns, weak, derived) if weak else src
+    if run is not src:
+        used = set(_NAMES.findall(run))
+        run_derived = {d: o for d, o in derived.items() if d in used}
+        used.update(run_derived.values())
+        run_weak = [n for n in weak if n in used]
+    else:
+        run_weak, run_derived = weak, derived
     try:
-        code = compile(_with_prologue(src, weak, derived, guarded=True), filename, "exec")
+        code = compile(_with_prologue(run, run_weak, run_derived, guarded=True), filename,
+                       "exec")
     except SyntaxError as e:  # an Ember bug: show what was generated
         raise SyntaxError(f"{e.msg} in generated entry line {e.lineno}: "
                           f"{src.splitlines()[(e.lineno or 1) - 1]!r}") from e

@@ -400,6 +400,8 @@ class _Finder:
             return ["torch"]
         if obj is self.fn.__globals__:
             return ["globals"]
+        if obj is _builtins_dict(self.fn):
+            return ["builtins"]
         if obj is None or type(obj) in (bool, int, str):
             return ["const", obj]
         if type(obj) is float:
@@ -553,6 +555,12 @@ def _class_attr_fn(attr: Any, through: str) -> Any:
     return getattr(attr, through or "fget", None)
 
 
+def _builtins_dict(fn: Any) -> dict[str, Any]:
+    """The builtins a function's global names fall back to."""
+    b = fn.__globals__.get("__builtins__", __builtins__)
+    return b if isinstance(b, dict) else b.__dict__
+
+
 def _resolve(recipe: list[Any], fn: Any, roots: dict[str, Any], files: dict[str, str]) -> Any:
     """The live object a recipe names, or raises _Refuse."""
     from .output import ENTRY_HELPERS
@@ -564,6 +572,8 @@ def _resolve(recipe: list[Any], fn: Any, roots: dict[str, Any], files: dict[str,
         return torch
     if kind == "globals":
         return fn.__globals__
+    if kind == "builtins":
+        return _builtins_dict(fn)
     if kind == "fn_attr":
         obj = getattr(fn, recipe[1])
         if _consts(obj, _Finder(fn, {})) != recipe[2]:
@@ -807,14 +817,24 @@ def _save(cf: Any, entry: Any, args: tuple, kwargs: dict) -> None:
     fn = cf.fn
     ns = lifetime.namespace(entry)  # the objects themselves, not the weak references
     finder = _Finder(fn, _roots(fn, args, kwargs), ns)
+    guards_text = "\n".join(entry.guards)
     recipes = {}
     for name, obj in ns.items():
         if name in _SKIP:
             continue
         if not re.search(rf"\b{re.escape(name)}\b", src):
             # held by the capture but read by neither the guards nor the graph call (a
-            # constant of the traced program, such as an ``inspect.signature`` result)
+            # constant of the traced program, such as an ``inspect.signature`` result); one
+            # that only the explanation of a miss reads (the devices of the parameters'
+            # metadata that ___tensors_ok compares) is kept where it has a recipe
             recipes[name] = ["unused"]
+            if re.search(rf"\b{re.escape(name)}\b", guards_text):
+                try:
+                    r = finder.recipe(name, obj)
+                except _Refuse:
+                    continue
+                if r[0] in ("device", "dtype", "const", "float"):  # never refused at load
+                    recipes[name] = r
             continue
         recipes[name] = finder.recipe(name, obj)
     record = {"format": FORMAT_VERSION, "source": src, "guards": list(entry.guards),

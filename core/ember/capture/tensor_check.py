@@ -45,6 +45,8 @@ from typing import Any, Sequence
 
 import torch
 
+from .stable import C_SOURCE as _STABLE_SOURCE
+
 log = logging.getLogger("ember.capture")
 
 __all__ = ["tensors_ok", "meta_of", "extension", "state", "SOURCE", "NS_HINT"]
@@ -52,7 +54,7 @@ __all__ = ["tensors_ok", "meta_of", "extension", "state", "SOURCE", "NS_HINT"]
 #: the namespace hint of the metadata tuple (``___tmeta_N``), by which persistence knows it
 NS_HINT = "tmeta"
 
-SOURCE = r"""
+_TENSOR_SOURCE = r"""
 // Ember's tensor-metadata guard (ember/capture/tensor_check.py).
 #include <Python.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -130,14 +132,25 @@ static PyObject *check(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
   Py_RETURN_TRUE;
 }
 
+"""
+
+_MODULE = r"""
 static PyMethodDef methods[] = {
     {"pack", (PyCFunction)pack, METH_O, "pack(metas) -> bytes"},
     {"check", (PyCFunction)(void (*)(void))check, METH_FASTCALL, "check(tensors, packed)"},
     {NULL, NULL, 0, NULL}};
 static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "ember_tensor_check", NULL, -1,
                                         methods};
-PyMODINIT_FUNC PyInit_ember_tensor_check(void) { return PyModule_Create(&module_def); }
+PyMODINIT_FUNC PyInit_ember_tensor_check(void) {
+  PyObject *m = PyModule_Create(&module_def);
+  if (m && stable_ready(m) < 0) { Py_DECREF(m); return NULL; }
+  return m;
+}
 """
+
+#: Ember's guard extension: the tensor-metadata check and the state-version check of
+#: :mod:`ember.capture.stable`
+SOURCE = _TENSOR_SOURCE + _STABLE_SOURCE + _MODULE
 
 
 def meta_of(t: torch.Tensor) -> tuple[Any, ...]:
@@ -197,6 +210,29 @@ def extension(wait: float | None = None) -> Any:
         t = _thread
         if t is not None:
             t.join(wait)
+    return _ext
+
+
+def load_cached() -> Any:
+    """The extension if it is loaded, or built already (by an earlier process) and loadable
+    now without a compiler; else None (nothing is started)."""
+    global _ext, _state
+    if _ext is not None or _state != "idle":
+        return _ext
+    if os.environ.get("EMBER_TENSOR_CHECK", "").lower() in ("py", "python", "0", "off"):
+        return None
+    with _lock:
+        if _ext is None and _state == "idle":
+            try:
+                from .._store import cache_dir
+
+                suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+                path = cache_dir() / "ext" / f"ember_tensor_check_{_key()}{suffix}"
+                if path.exists():
+                    _ext = _import(path)
+                    _state = "ready"
+            except Exception:  # noqa: BLE001 - corrupt: the background build replaces it
+                pass
     return _ext
 
 
