@@ -272,11 +272,23 @@ def _guard_plain_state(tr: Any, v: ObjectVar) -> bool:
     value = v.value
     if id(value) in tr.pending_attrs or not _plain_state(value, 6):
         return False
-    snapshot = copy.deepcopy(value.__dict__)
-    if snapshot != value.__dict__:
+    from .output import instance_dict
+
+    try:
+        state = instance_dict(value)
+    except (AttributeError, TypeError):
+        return False
+    snapshot = copy.deepcopy(state)
+    if type(state) is not dict or snapshot != state:
         return False
     if v.source is not None:
-        tr.out.guards.add(f"({v.source}).__dict__ == {tr.out.ns(snapshot, 'state')}")
+        # one snapshot per source and state: twelve layers reading one config share a guard
+        snaps = tr.out.__dict__.setdefault("_state_snapshots", {})
+        key = str(v.source)
+        prev = snaps.get(key)
+        if prev is None or prev != snapshot:
+            snaps[key] = prev = snapshot
+        tr.out.guards.add(f"___vars({v.source}) == {tr.out.ns(prev, 'state')}")
     return True
 
 

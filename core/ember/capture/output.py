@@ -46,6 +46,13 @@ def _mkcell(*value: object) -> object:
     return types.CellType(*value)
 
 
+def instance_dict(obj: object) -> dict:
+    """``obj``'s own ``__dict__``, read past a custom ``__getattribute__`` (a transformers
+    config remaps attribute names in Python on every read: a state guard of twelve layers paid
+    for it twelve times a call)."""
+    return object.__getattribute__(obj, "__dict__")
+
+
 def _with_kwdefaults(fn: types.FunctionType, kw: dict) -> types.FunctionType:
     fn.__kwdefaults__ = kw
     return fn
@@ -55,7 +62,7 @@ ENTRY_HELPERS = {"___GradRestore": GradRestore, "___enter_autocast": _enter_auto
                  "___autocast_nesting": autocast_nesting, "___settle_autocast": settle_autocast, "___mkobj": _mkobj, "___mkcell": _mkcell,
                  "___MethodType": types.MethodType, "___FunctionType": types.FunctionType,
                  "___with_kwdefaults": _with_kwdefaults, "___tensors_ok": tensors_ok,
-                 **_ALIAS_HELPERS}
+                 "___vars": instance_dict, **_ALIAS_HELPERS}
 
 log = logging.getLogger("ember.capture")
 graph_log = _logging.get_artifact_logger("graph")

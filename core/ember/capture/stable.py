@@ -519,13 +519,23 @@ def _split(src: str, lines: list[str], head: str, end: int, expr: str, g: dict[s
     args = {x.arg for x in [*a.posonlyargs, *a.args, *a.kwonlyargs]}
     args |= {x.arg for x in (a.vararg, a.kwarg) if x is not None}
     graph = _Graph(env, set(weak), derived, args)
+    # an argument whose identity the entry checks (``(self) is ___Net_4``, kept: it reads an
+    # argument) is that object in every other guard, all of which run after it
+    alias = {t.left.id: t.comparators[0].id for t, _ in parts
+             if isinstance(t, ast.Compare) and isinstance(t.left, ast.Name) and
+             t.left.id in args and len(t.ops) == 1 and isinstance(t.ops[0], ast.Is) and
+             isinstance(t.comparators[0], ast.Name) and t.comparators[0].id in weak}
     kept, covered, deps = [], [], []
     for tree, text in parts:
-        d = graph.try_conjunct(tree)
+        run = tree
+        if alias and any(isinstance(n, ast.Name) and n.id in alias for n in ast.walk(tree)) \
+                and not _is_alias(tree, alias):
+            run = _Rename(alias).visit(_copy(tree))
+        d = graph.try_conjunct(run)
         if d is None:
             kept.append(text)
         else:
-            covered.append(text)
+            covered.append(text if run is tree else ast.unparse(run))
             deps.append(tuple(sorted(d)))
     if len(covered) < MIN_COVERED:
         return src
@@ -543,6 +553,28 @@ def _split(src: str, lines: list[str], head: str, end: int, expr: str, g: dict[s
               len(nodes))
     guard = " and\n            ".join(kept + ["___stable_ok()"])
     return "\n".join(lines[:2] + [f"{head}{guard}):"] + lines[end:])
+
+
+def _is_alias(tree: ast.expr, alias: dict[str, str]) -> bool:
+    """The identity guard an alias comes from (kept as it is)."""
+    return isinstance(tree, ast.Compare) and isinstance(tree.left, ast.Name) and \
+        tree.left.id in alias and len(tree.comparators) == 1 and \
+        isinstance(tree.comparators[0], ast.Name) and tree.comparators[0].id == alias[tree.left.id]
+
+
+def _copy(tree: ast.expr) -> ast.expr:
+    import copy
+
+    return copy.deepcopy(tree)
+
+
+class _Rename(ast.NodeTransformer):
+    def __init__(self, alias: dict[str, str]):
+        self.alias = alias
+
+    def visit_Name(self, node: ast.Name) -> ast.Name:
+        new = self.alias.get(node.id)
+        return ast.copy_location(ast.Name(id=new, ctx=node.ctx), node) if new else node
 
 
 def _name_of(env: dict[str, Any], weak: list[str], obj: Any) -> str:
