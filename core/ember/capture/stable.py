@@ -675,7 +675,7 @@ static bool rederive(Stable *s, Py_ssize_t i, std::vector<SPending> &p) {
     case K_IDICT: {
       PyObject **dp = _PyObject_GetDictPtr(po);
       if (PyErr_Occurred()) PyErr_Clear();
-      if (!dp || !*dp || !PyDict_CheckExact(*dp)) { x.broken = true; return false; }
+      if (!dp || !*dp || !PyDict_CheckExact(*dp)) return false;
       r.obj = *dp;
       r.version = dver(*dp);
       break;
@@ -683,33 +683,33 @@ static bool rederive(Stable *s, Py_ssize_t i, std::vector<SPending> &p) {
     case K_TYPE: case K_TAG: {
       PyObject *t = x.kind == K_TYPE ? (PyObject *)Py_TYPE(po) : po;
       if ((x.kind == K_TYPE && t != x.arg) || !PyType_Check(t) ||
-          !type_tag((PyTypeObject *)t, &r.tag) || (x.tag0 && r.tag != x.tag0)) {
-        x.broken = true;  // another class, or this one changed: a descriptor may have come
+          !type_tag((PyTypeObject *)t, &r.tag))
+        return false;  // another class (now): read again next time
+      if (x.tag0 && r.tag != x.tag0) {
+        x.broken = true;  // the class itself changed: a descriptor may have come
         return false;
       }
       r.obj = t;
       break;
     }
     case K_ITEM_DICT: {
-      if (!PyDict_Check(po)) { x.broken = true; return false; }
+      if (!PyDict_Check(po)) return false;
       PyObject *v = PyDict_GetItemWithError(po, x.arg);
-      if (!v) { PyErr_Clear(); x.broken = true; return false; }
-      if (!wants_ok(s, x.want, v) || ((x.want & W_SAME) && x.obj0 && v != x.obj0)) {
-        x.broken = true;
-        return false;
-      }
+      if (!v) { PyErr_Clear(); return false; }
+      if (!wants_ok(s, x.want, v)) return false;  // not what the guard was read for (now)
+      if ((x.want & W_SAME) && x.obj0 && v != x.obj0) { x.broken = true; return false; }
       r.obj = v;
       break;
     }
     case K_ITEM_TYPE: {
-      if (!PyType_Check(po)) { x.broken = true; return false; }
+      if (!PyType_Check(po)) return false;
       PyObject *v = _PyType_Lookup((PyTypeObject *)po, x.arg);
-      if (!v || !wants_ok(s, x.want, v)) { x.broken = true; return false; }
+      if (!v || !wants_ok(s, x.want, v)) return false;
       r.obj = v;
       break;
     }
     case K_DICTV:
-      if (!PyDict_Check(po)) { x.broken = true; return false; }
+      if (!PyDict_Check(po)) return false;
       r.obj = po;
       r.version = dver(po);
       break;
