@@ -349,3 +349,28 @@ def test_the_state_check_answers_as_python_under_random_changes(ext):
     assert r["mismatches"] == 0 and r["fast"] > r["passing"] // 2, r
     r = fuzz.run(ext, instance_only=False, steps=4000, seed=2)
     assert r["mismatches"] == 0, r
+
+
+def test_entries_built_before_the_extension_loads_are_split_once_it_does(monkeypatch):
+    """A process's first entries may be built while the extension is still building: once it
+    loads, their code is swapped for the version-checked one (lifetime.split_pending)."""
+    from ember.capture import lifetime
+
+    ext = tc._ext
+    monkeypatch.setattr(tc, "_ext", None)
+    monkeypatch.setattr(tc, "load_cached", lambda: None)
+    m = Net().eval()
+    x = torch.randn(3, 8)
+    f = ember.compile(m, backend="eager")
+    with torch.no_grad():
+        torch.testing.assert_close(f(x), m(x))
+    entry = f.__dict__["_ember_call"].cache.entries[0]
+    assert "___stable_ok" not in entry.__globals__
+    monkeypatch.setattr(tc, "_ext", ext)
+    monkeypatch.undo()
+    assert lifetime.split_pending() >= 1
+    assert "___stable_ok" in entry.__globals__
+    for _ in range(3):
+        _check(f, m, x)
+    m.blocks[3].scale = -1.0
+    _check(f, m, x)

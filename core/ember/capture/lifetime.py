@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from . import stable
+from . import stable, tensor_check
 
 __all__ = ["weak_names", "make_entry", "namespace", "weak_of", "is_dead", "attach_cache"]
 
@@ -96,7 +96,7 @@ class _Life:
     """One entry's liveness: the weakrefs to what it identifies, and the cache it sits in. It
     is the callback of those weakrefs (the first object to die kills the entry)."""
 
-    __slots__ = ("entry", "refs", "derived", "cache", "dead", "__weakref__")
+    __slots__ = ("entry", "refs", "derived", "cache", "dead", "pending", "__weakref__")
 
     def __init__(self) -> None:
         self.entry: Any = None  # weakref to the entry function
@@ -105,6 +105,8 @@ class _Life:
         self.derived: dict[str, str] = {}
         self.cache: Any = None  # the CodeCache holding the entry, once added
         self.dead = False
+        #: (source, filename) of an entry waiting for the guard extension (split_pending)
+        self.pending: tuple[str, str] | None = None
 
     def __call__(self, _ref: Any = None) -> None:
         try:
@@ -194,8 +196,30 @@ def make_entry(src: str, explain_src: str, ns: dict[str, Any], filename: str,
         life.refs[name] = ref
         g[f"{name}__wr"] = ref
     life.derived = derived
-    # guards over state that has not changed: checked by version (stable.py); what runs then
-    # reads fewer names, and dereferences only those
+    code, split = _runtime_code(src, g, ns, weak, derived, filename)
+    exec(code, g)
+    exec(compile(_with_prologue(explain_src, weak, derived, guarded=False), filename, "exec"),
+         g)
+    entry, explain = g["___entry"], g["___failed_guard"]
+    life.entry = weakref.ref(entry)
+    entry._ember_life = life
+    entry.failed_guard = explain
+    if not split and weak and tensor_check._ext is None and stable.supported() and \
+            tensor_check.state() != "failed":
+        # the guard extension is not loaded yet: split this entry's guards once it is
+        life.pending = (src, filename)
+        _pending.add(life)
+    if any(r() is None for r in life.refs.values()):
+        life.kill()  # an object died while the entry was built
+    return entry, explain
+
+
+def _runtime_code(src: str, g: dict[str, Any], ns: dict[str, Any], weak: list[str],
+                  derived: dict[str, str], filename: str) -> tuple[Any, bool]:
+    """The code that runs for the entry source ``src``: its guards over state that has not
+    changed checked by version where the guard extension is loaded (stable.py, which adds
+    ``___stable_ok`` to ``g``; True second), and a prologue dereferencing the weak names it
+    reads."""
     run = stable.split(src, g, ns, weak, derived) if weak else src
     if run is not src:
         used = set(_NAMES.findall(run))
@@ -210,16 +234,44 @@ def make_entry(src: str, explain_src: str, ns: dict[str, Any], filename: str,
     except SyntaxError as e:  # an Ember bug: show what was generated
         raise SyntaxError(f"{e.msg} in generated entry line {e.lineno}: "
                           f"{src.splitlines()[(e.lineno or 1) - 1]!r}") from e
-    exec(code, g)
-    exec(compile(_with_prologue(explain_src, weak, derived, guarded=False), filename, "exec"),
-         g)
-    entry, explain = g["___entry"], g["___failed_guard"]
-    life.entry = weakref.ref(entry)
-    entry._ember_life = life
-    entry.failed_guard = explain
-    if any(r() is None for r in life.refs.values()):
-        life.kill()  # an object died while the entry was built
-    return entry, explain
+    return code, run is not src
+
+
+#: entries built before the guard extension was loaded (their _Life), split once it is
+_pending: "weakref.WeakSet[_Life]" = weakref.WeakSet()
+
+
+def split_pending() -> int:
+    """Give the entries built before the guard extension loaded their version-checked guards
+    (called by tensor_check once it loads, from its thread): the entry's code is swapped, as a
+    dying entry's is. Returns how many were split."""
+    done = 0
+    for life in list(_pending):
+        _pending.discard(life)
+        pending, life.pending = life.pending, None
+        entry = life.entry() if life.entry is not None else None
+        if pending is None or entry is None or life.dead:
+            continue
+        ns = namespace(entry)
+        weak = sorted(life.refs)
+        if any(ns.get(n) is None for n in weak):
+            continue  # dying
+        try:
+            code, split = _runtime_code(pending[0], entry.__globals__, ns, weak,
+                                        dict(life.derived), pending[1])
+            if not split:
+                continue
+            fresh: dict[str, Any] = {}
+            exec(code, entry.__globals__, fresh)
+            if not life.dead:
+                entry.__code__ = fresh["___entry"].__code__
+                done += 1
+        except Exception:  # noqa: BLE001 - the entry keeps its guards as they are
+            continue
+    return done
+
+
+tensor_check.on_ready(split_pending)
 
 
 def namespace(entry: Any) -> dict[str, Any]:

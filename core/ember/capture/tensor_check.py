@@ -221,6 +221,7 @@ def load_cached() -> Any:
         return _ext
     if os.environ.get("EMBER_TENSOR_CHECK", "").lower() in ("py", "python", "0", "off"):
         return None
+    loaded = False
     with _lock:
         if _ext is None and _state == "idle":
             try:
@@ -231,8 +232,11 @@ def load_cached() -> Any:
                 if path.exists():
                     _ext = _import(path)
                     _state = "ready"
+                    loaded = True
             except Exception:  # noqa: BLE001 - corrupt: the background build replaces it
                 pass
+    if loaded:
+        _loaded()
     return _ext
 
 
@@ -279,12 +283,29 @@ class _Busy(Exception):
     """Another process is building the extension: try again later."""
 
 
+_ready_callbacks: list[Any] = []
+
+
+def on_ready(fn: Any) -> None:
+    """Call ``fn()`` once the extension is loaded (from the thread that loaded it)."""
+    _ready_callbacks.append(fn)
+
+
+def _loaded() -> None:
+    for fn in list(_ready_callbacks):
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 - a callback never undoes the load
+            log.debug("ember: after loading the guard extension: %s", e)
+
+
 def _build_and_load() -> None:
     global _ext, _state, _next_try
     try:
         _ext = _load_or_build()
         _state = "ready"
         log.debug("ember: tensor-metadata guards run in C++ (%s)", _ext.__file__)
+        _loaded()
     except _Busy:
         _next_try = _calls + 16 * START_AFTER
         _state = "idle"
