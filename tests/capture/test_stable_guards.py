@@ -374,3 +374,33 @@ def test_entries_built_before_the_extension_loads_are_split_once_it_does(monkeyp
         _check(f, m, x)
     m.blocks[3].scale = -1.0
     _check(f, m, x)
+
+
+def test_a_kept_guard_with_or_keeps_its_parentheses():
+    """The entry's guards are one ``and`` chain; a kept term such as a symbolic relation
+    ``(s0 > 2 or s1 > 2)`` must stay one term when the covered ones leave the chain."""
+    import weakref
+
+    m = nn.Linear(2, 2)
+    hooks = ["_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
+             "_state_dict_hooks", "_load_state_dict_pre_hooks", "_forward_hooks_with_kwargs",
+             "_forward_pre_hooks_with_kwargs"]
+    covered = " and\n            ".join(f"not ___M.{h}" for h in hooks)
+    src = ("def ___entry(___fn, x):\n"
+           "    try:\n"
+           f"        if not (x is not None and\n            (x > 0 or x < -5) and\n"
+           f"            {covered}):\n"
+           "            return ___MISS\n"
+           "    except Exception:\n"
+           "        return ___MISS\n"
+           "    return 'hit'\n")
+    g = {"___MISS": "miss", "___M__wr": weakref.ref(m)}
+    run = stable.split(src, g, {"___M": m}, ["___M"], {})
+    assert run is not src and "___stable_ok()" in run and "(x > 0 or x < -5)" in run
+    run = run.replace("        if not (", "        ___M = ___M__wr()\n        if not (", 1)
+    exec(compile(run, "<test>", "exec"), g)
+    entry = g["___entry"]
+    assert entry(None, 1) == "hit" and entry(None, -7) == "hit"
+    assert entry(None, -1) == "miss"  # with the parentheses lost: 'hit'
+    m.register_forward_hook(lambda *a: None)
+    assert entry(None, 1) == "miss"

@@ -533,7 +533,10 @@ def _split(src: str, lines: list[str], head: str, end: int, expr: str, g: dict[s
             run = _Rename(alias).visit(_copy(tree))
         d = graph.try_conjunct(run)
         if d is None:
-            kept.append(text)
+            # a term that binds more loosely than ``and`` had its parentheses in the source,
+            # outside the node's own text: they go back, or its ``or`` would split the chain
+            loose = isinstance(tree, (ast.BoolOp, ast.IfExp, ast.Lambda, ast.NamedExpr))
+            kept.append(f"({text})" if loose else text)
         else:
             covered.append(text if run is tree else ast.unparse(run))
             deps.append(tuple(sorted(d)))
