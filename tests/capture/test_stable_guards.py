@@ -404,3 +404,44 @@ def test_a_kept_guard_with_or_keeps_its_parentheses():
     assert entry(None, -1) == "miss"  # with the parentheses lost: 'hit'
     m.register_forward_hook(lambda *a: None)
     assert entry(None, 1) == "miss"
+
+
+def test_a_guard_with_or_tracks_every_operand():
+    """``___A.x == 1 or ___B.y == 2`` read while the first operand decides it: after ``A.x``
+    changes the guard passes through the second one, whose state must then be tracked too."""
+    import ast
+    import weakref
+
+    class O:
+        pass
+
+    A, B = O(), O()
+    A.x, B.y = 1, 2
+    env = {"___A": A, "___B": B}
+    g = stable._Graph(env, {"___A", "___B"}, {}, set())
+    deps = g.conjunct(ast.parse("___A.x == 1 or ___B.y == 2", mode="eval").body)
+    weak_nodes = {g.nodes[i][2] for i in deps if g.nodes[i][0] == stable.WEAK}
+    assert weak_nodes == {A, B}
+    # and through the real check: A changes (the second operand decides), then B changes
+    hooks = " and\n            ".join(f"not ___M.{h}" for h in
+                                        ["_forward_hooks", "_forward_pre_hooks",
+                                         "_backward_hooks", "_backward_pre_hooks",
+                                         "_state_dict_hooks", "_load_state_dict_pre_hooks",
+                                         "_forward_hooks_with_kwargs",
+                                         "_forward_pre_hooks_with_kwargs"])
+    src = ("def ___entry(___fn, x):\n    try:\n"
+           f"        if not ((___A.x == 1 or ___B.y == 2) and\n            {hooks}):\n"
+           "            return ___MISS\n    except Exception:\n        return ___MISS\n"
+           "    return 'hit'\n")
+    m = nn.Linear(2, 2)
+    gl = {"___MISS": "miss", "___M__wr": weakref.ref(m), "___A__wr": weakref.ref(A),
+          "___B__wr": weakref.ref(B)}
+    run = stable.split(src, gl, {"___M": m, "___A": A, "___B": B}, ["___A", "___B", "___M"], {})
+    assert "___stable_ok()" in run and "___A.x" not in run
+    exec(compile(run, "<test>", "exec"), gl)
+    entry = gl["___entry"]
+    assert entry(None, 0) == "hit"
+    A.x = 0
+    assert entry(None, 0) == "hit"  # through B.y == 2
+    B.y = 3
+    assert entry(None, 0) == "miss"

@@ -389,19 +389,20 @@ class _Graph:
         return _V(not v.value, None, v.deps | self.truth(v))
 
     def _BoolOp(self, t: ast.BoolOp) -> _V:
+        """Every operand is read, short-circuited or not, with the state its truth depends on:
+        after a change the guard may pass through another operand than the one that decided
+        it when it was read, and that one's state must be tracked too."""
         is_and = isinstance(t.op, ast.And)
         deps: frozenset[int] = frozenset()
-        v = None
-        for i, e in enumerate(t.values):
-            v = self.eval(e)
-            deps = deps | v.deps
-            if i == len(t.values) - 1:
-                break
-            deps = deps | self.truth(v)  # tested before the next operand runs
+        vals = [self.eval(e) for e in t.values]
+        for v in vals:
+            deps = deps | v.deps | self.truth(v)
+        result = vals[-1]
+        for v in vals[:-1]:
             if bool(v.value) != is_and:
+                result = v
                 break
-        assert v is not None
-        return _V(v.value, v.node, deps, v.fresh)
+        return _V(result.value, result.node, deps, result.fresh)
 
 
 def _order(op: ast.cmpop, a: Any, b: Any) -> bool:
