@@ -601,7 +601,7 @@ struct SNode {
   Py_ssize_t parent;
   PyObject *arg;       // owned: STRONG object, WEAK weakref, TYPE expected type, ITEM key
   PyObject *obj;       // the node's object when last recorded (borrowed, see stable.py)
-  PyObject *obj0;      // W_SAME: the first one recorded (compared, never read)
+  PyObject *obj0;      // W_SAME: the first one recorded (owned: compared by address)
   uint64_t version;    // IDICT, DICTV
   unsigned int tag, tag0;  // TYPE, TAG: the recorded tag, the first one ever recorded
   bool valid, broken;
@@ -767,7 +767,10 @@ static PyObject *stable_slow(Stable *s, std::vector<char> &ch) {
         x.version = p[i].version;
         x.tag = p[i].tag;
         if ((x.kind == K_TYPE || x.kind == K_TAG) && !x.tag0) x.tag0 = p[i].tag;
-        if (!x.obj0) x.obj0 = p[i].obj;
+        if ((x.want & W_SAME) && !x.obj0) {  // held: compared by address from now on
+          Py_INCREF(p[i].obj);
+          x.obj0 = p[i].obj;
+        }
         x.valid = true;
       } else {
         x.valid = false;
@@ -818,7 +821,10 @@ static int stable_traverse(Stable *s, visitproc visit, void *arg) {
   Py_VISIT(s->recheck);
   Py_VISIT(s->odict);
   if (s->nodes)
-    for (auto &x : *s->nodes) Py_VISIT(x.arg);
+    for (auto &x : *s->nodes) {
+      Py_VISIT(x.arg);
+      Py_VISIT(x.obj0);
+    }
   return 0;
 }
 
@@ -826,7 +832,12 @@ static int stable_clear(Stable *s) {
   Py_CLEAR(s->recheck);
   Py_CLEAR(s->odict);
   if (s->nodes) {
-    for (auto &x : *s->nodes) { Py_CLEAR(x.arg); x.broken = true; x.valid = false; }
+    for (auto &x : *s->nodes) {
+      Py_CLEAR(x.arg);
+      Py_CLEAR(x.obj0);
+      x.broken = true;
+      x.valid = false;
+    }
   }
   return 0;
 }
