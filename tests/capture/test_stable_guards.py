@@ -192,14 +192,20 @@ def _restore_classes() -> None:
         del Block.scale
 
 
+def _spy_rechecks(monkeypatch) -> list[int]:
+    """How many covered guards each call re-evaluated in Python (one entry per such call)."""
+    rechecks: list[int] = []
+    real = stable._Recheck.__call__
+    monkeypatch.setattr(stable._Recheck, "__call__",
+                        lambda self, idx: rechecks.append(len(idx)) or real(self, idx))
+    return rechecks
+
+
 def test_a_model_in_a_loop_takes_the_version_check(monkeypatch):
     m = Net().eval()
     x = torch.randn(3, 8)
     f = ember.compile(m, backend="eager")
-    rechecks = []
-    real = stable._Recheck.__call__
-    monkeypatch.setattr(stable._Recheck, "__call__",
-                        lambda self, idx: rechecks.append(len(idx)) or real(self, idx))
+    rechecks = _spy_rechecks(monkeypatch)
     with torch.no_grad():
         for _ in range(5):
             torch.testing.assert_close(f(x), m(x))
@@ -257,10 +263,7 @@ def test_a_changing_global_rechecks_only_the_guards_that_read_it(monkeypatch):
     m = Net().eval()
     x = torch.randn(3, 8)
     f = ember.compile(m, backend="eager")
-    rechecks = []
-    real = stable._Recheck.__call__
-    monkeypatch.setattr(stable._Recheck, "__call__",
-                        lambda self, idx: rechecks.append(len(idx)) or real(self, idx))
+    rechecks = _spy_rechecks(monkeypatch)
     with torch.no_grad():
         f(x)
         covered = rechecks[0]
@@ -376,30 +379,39 @@ def test_entries_built_before_the_extension_loads_are_split_once_it_does(monkeyp
     _check(f, m, x)
 
 
+_HOOKS = ["_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
+          "_state_dict_hooks", "_load_state_dict_pre_hooks", "_forward_hooks_with_kwargs",
+          "_forward_pre_hooks_with_kwargs"]
+
+
+def _synthetic_entry(term: str, objs: dict):
+    """An entry whose guards are ``term`` and enough covered hook guards on a Linear
+    (``___M``) to be split, built as make_entry builds one: (its runtime source, the entry,
+    the Linear). ``objs``: the other weakly held names ``term`` reads."""
+    import weakref
+
+    from ember.capture import lifetime
+
+    m = nn.Linear(2, 2)
+    env = {"___M": m, **objs}
+    hooks = " and\n            ".join(f"not ___M.{h}" for h in _HOOKS)
+    src = ("def ___entry(___fn, x):\n    try:\n"
+           f"        if not ({term} and\n            {hooks}):\n"
+           "            return ___MISS\n    except Exception:\n        return ___MISS\n"
+           "    return 'hit'\n")
+    g = {"___MISS": "miss", **{f"{n}__wr": weakref.ref(o) for n, o in env.items()}}
+    run = stable.split(src, g, env, sorted(env), {})
+    assert run is not src and "___stable_ok()" in run
+    exec(compile(lifetime._with_prologue(run, sorted(env), {}, guarded=True), "<test>", "exec"),
+         g)
+    return run, g["___entry"], m
+
+
 def test_a_kept_guard_with_or_keeps_its_parentheses():
     """The entry's guards are one ``and`` chain; a kept term such as a symbolic relation
     ``(s0 > 2 or s1 > 2)`` must stay one term when the covered ones leave the chain."""
-    import weakref
-
-    m = nn.Linear(2, 2)
-    hooks = ["_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
-             "_state_dict_hooks", "_load_state_dict_pre_hooks", "_forward_hooks_with_kwargs",
-             "_forward_pre_hooks_with_kwargs"]
-    covered = " and\n            ".join(f"not ___M.{h}" for h in hooks)
-    src = ("def ___entry(___fn, x):\n"
-           "    try:\n"
-           f"        if not (x is not None and\n            (x > 0 or x < -5) and\n"
-           f"            {covered}):\n"
-           "            return ___MISS\n"
-           "    except Exception:\n"
-           "        return ___MISS\n"
-           "    return 'hit'\n")
-    g = {"___MISS": "miss", "___M__wr": weakref.ref(m)}
-    run = stable.split(src, g, {"___M": m}, ["___M"], {})
-    assert run is not src and "___stable_ok()" in run and "(x > 0 or x < -5)" in run
-    run = run.replace("        if not (", "        ___M = ___M__wr()\n        if not (", 1)
-    exec(compile(run, "<test>", "exec"), g)
-    entry = g["___entry"]
+    run, entry, m = _synthetic_entry("x is not None and\n            (x > 0 or x < -5)", {})
+    assert "(x > 0 or x < -5)" in run
     assert entry(None, 1) == "hit" and entry(None, -7) == "hit"
     assert entry(None, -1) == "miss"  # with the parentheses lost: 'hit'
     m.register_forward_hook(lambda *a: None)
@@ -410,36 +422,18 @@ def test_a_guard_with_or_tracks_every_operand():
     """``___A.x == 1 or ___B.y == 2`` read while the first operand decides it: after ``A.x``
     changes the guard passes through the second one, whose state must then be tracked too."""
     import ast
-    import weakref
 
     class O:
         pass
 
     A, B = O(), O()
     A.x, B.y = 1, 2
-    env = {"___A": A, "___B": B}
-    g = stable._Graph(env, {"___A", "___B"}, {}, set())
+    g = stable._Graph({"___A": A, "___B": B}, {"___A", "___B"}, {}, set())
     deps = g.conjunct(ast.parse("___A.x == 1 or ___B.y == 2", mode="eval").body)
-    weak_nodes = {g.nodes[i][2] for i in deps if g.nodes[i][0] == stable.WEAK}
-    assert weak_nodes == {A, B}
+    assert {g.nodes[i][2] for i in deps if g.nodes[i][0] == stable.WEAK} == {A, B}
     # and through the real check: A changes (the second operand decides), then B changes
-    hooks = " and\n            ".join(f"not ___M.{h}" for h in
-                                        ["_forward_hooks", "_forward_pre_hooks",
-                                         "_backward_hooks", "_backward_pre_hooks",
-                                         "_state_dict_hooks", "_load_state_dict_pre_hooks",
-                                         "_forward_hooks_with_kwargs",
-                                         "_forward_pre_hooks_with_kwargs"])
-    src = ("def ___entry(___fn, x):\n    try:\n"
-           f"        if not ((___A.x == 1 or ___B.y == 2) and\n            {hooks}):\n"
-           "            return ___MISS\n    except Exception:\n        return ___MISS\n"
-           "    return 'hit'\n")
-    m = nn.Linear(2, 2)
-    gl = {"___MISS": "miss", "___M__wr": weakref.ref(m), "___A__wr": weakref.ref(A),
-          "___B__wr": weakref.ref(B)}
-    run = stable.split(src, gl, {"___M": m, "___A": A, "___B": B}, ["___A", "___B", "___M"], {})
-    assert "___stable_ok()" in run and "___A.x" not in run
-    exec(compile(run, "<test>", "exec"), gl)
-    entry = gl["___entry"]
+    run, entry, _ = _synthetic_entry("(___A.x == 1 or ___B.y == 2)", {"___A": A, "___B": B})
+    assert "___A.x" not in run
     assert entry(None, 0) == "hit"
     A.x = 0
     assert entry(None, 0) == "hit"  # through B.y == 2

@@ -283,11 +283,10 @@ def _guard_plain_state(tr: Any, v: ObjectVar) -> bool:
         return False
     if v.source is not None:
         # one snapshot per source and state: twelve layers reading one config share a guard
-        snaps = tr.out.__dict__.setdefault("_state_snapshots", {})
         key = str(v.source)
-        prev = snaps.get(key)
+        prev = tr.out.state_snapshots.get(key)
         if prev is None or prev != snapshot:
-            snaps[key] = prev = snapshot
+            tr.out.state_snapshots[key] = prev = snapshot
         tr.out.guards.add(f"___vars({v.source}) == {tr.out.ns(prev, 'state')}")
     return True
 

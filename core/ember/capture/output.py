@@ -317,6 +317,8 @@ class OutputGraph:
         self.mutated_containers: list[Var] = []
         self.object_stores: dict[tuple[int, str], tuple[Var, str, Var]] = {}
         self.global_stores: dict[str, Var] = {}
+        #: source -> the plain-data snapshot its state guard compares with (one per source)
+        self.state_snapshots: dict[str, Any] = {}
 
     def release(self) -> None:
         """Forget the user's objects once the entry is built (it holds what it needs, weakly
@@ -331,6 +333,7 @@ class OutputGraph:
         self.mutated_containers = []
         self.object_stores = {}
         self.global_stores = {}
+        self.state_snapshots = {}
         self.tracer = None
 
     # -- namespace ---------------------------------------------------------------------------

@@ -545,11 +545,9 @@ def _split(src: str, lines: list[str], head: str, end: int, expr: str, g: dict[s
         return src
     used_weak = [n for n in weak if n in graph.names]
     used_derived = {d: o for d, o in derived.items() if d in graph.names}
-    nodes = []
-    for kind, parent, arg, want in graph.nodes:
-        if kind == WEAK:
-            arg = g[f"{_name_of(env, weak, arg)}__wr"]
-        nodes.append((kind, parent, arg, want))
+    weak_ref = {id(env[n]): g[f"{n}__wr"] for n in weak}  # a WEAK node's weakref
+    nodes = [(kind, parent, weak_ref[id(arg)] if kind == WEAK else arg, want)
+             for kind, parent, arg, want in graph.nodes]
     state = ext.Stable(tuple(nodes), tuple(deps), _Recheck(g, covered, used_weak, used_derived),
                        collections.OrderedDict)
     g["___stable_ok"] = state.check
@@ -579,13 +577,6 @@ class _Rename(ast.NodeTransformer):
     def visit_Name(self, node: ast.Name) -> ast.Name:
         new = self.alias.get(node.id)
         return ast.copy_location(ast.Name(id=new, ctx=node.ctx), node) if new else node
-
-
-def _name_of(env: dict[str, Any], weak: list[str], obj: Any) -> str:
-    for n in weak:
-        if env.get(n) is obj:
-            return n
-    raise KeyError("weak object without a name")
 
 
 C_SOURCE = r"""

@@ -28,6 +28,7 @@ guard log and the explanation of a miss keep one guard per tensor.
 from __future__ import annotations
 
 import atexit
+import functools
 import hashlib
 import importlib.machinery
 import importlib.util
@@ -219,16 +220,13 @@ def load_cached() -> Any:
     global _ext, _state
     if _ext is not None or _state != "idle":
         return _ext
-    if os.environ.get("EMBER_TENSOR_CHECK", "").lower() in ("py", "python", "0", "off"):
+    if _turned_off():
         return None
     loaded = False
     with _lock:
         if _ext is None and _state == "idle":
             try:
-                from .._store import cache_dir
-
-                suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-                path = cache_dir() / "ext" / f"ember_tensor_check_{_key()}{suffix}"
+                path = _library_path()
                 if path.exists():
                     _ext = _import(path)
                     _state = "ready"
@@ -254,7 +252,7 @@ def _start() -> None:
     with _lock:
         if _state != "idle":
             return
-        if os.environ.get("EMBER_TENSOR_CHECK", "").lower() in ("py", "python", "0", "off"):
+        if _turned_off():
             _state = "failed"
             return
         _state = "building"
@@ -263,6 +261,19 @@ def _start() -> None:
         _thread.start()
 
 
+def _turned_off() -> bool:
+    return os.environ.get("EMBER_TENSOR_CHECK", "").lower() in ("py", "python", "0", "off")
+
+
+def _library_path() -> pathlib.Path:
+    """Where the extension for this torch, Python and compiler lies in Ember's cache."""
+    from .._store import cache_dir
+
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    return cache_dir() / "ext" / f"ember_tensor_check_{_key()}{suffix}"
+
+
+@functools.lru_cache(maxsize=None)  # (hashes the source: once per process, not per entry)
 def _key() -> str:
     parts = [SOURCE, torch.__version__, str(getattr(torch.version, "git_version", "")),
              sys.version, sysconfig.get_config_var("EXT_SUFFIX") or "", platform.machine(),
@@ -324,11 +335,8 @@ atexit.register(_stop_compiler)  # no compiler left running by a process that ex
 
 
 def _load_or_build() -> Any:
-    from .._store import cache_dir
-
-    folder = cache_dir() / "ext"
-    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-    path = folder / f"ember_tensor_check_{_key()}{suffix}"
+    path = _library_path()
+    folder = path.parent
     corrupt = False
     if path.exists():
         try:
