@@ -21,16 +21,19 @@ def _time(fn, iters=30):
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
-    ts = []
+    ts, hs = [], []
     for _ in range(iters):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
+        t0 = time.perf_counter()
         fn()
+        hs.append((time.perf_counter() - t0) * 1e3)  # host time of the call (no sync inside)
         b.record()
         torch.cuda.synchronize()
         ts.append(a.elapsed_time(b))
     ts.sort()
-    return ts[len(ts) // 2]
+    hs.sort()
+    return ts[len(ts) // 2], hs[len(hs) // 2]
 
 
 def main() -> None:
@@ -44,6 +47,10 @@ def main() -> None:
                     help="mode of both compilers (reduce-overhead: CUDA graphs)")
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"],
                     help="bf16 autocast, or fp32 without autocast (the CUDA-graph tables)")
+    ap.add_argument("--variants", default=None,
+                    help="comma-separated runner backend names (benchmarks/backends.py, e.g. "
+                         "eager,ember-cudagraphs,ember-aot-eager@reduce-overhead); default: "
+                         "eager, ember and torch with --compile-mode")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     import copy
@@ -53,13 +60,18 @@ def main() -> None:
     from torch.profiler import ProfilerActivity, profile
 
     base, inputs = get_spec(args.model).build("cuda", args.size)
+    from benchmarks.backends import make_compiled
+
     fns = {}
-    for name in ("eager", "ember", "torch"):
+    names = args.variants.split(",") if args.variants else ["eager", "ember", "torch"]
+    for name in names:
         m = copy.deepcopy(base)
         m.train(args.mode == "train")
         kw = {"mode": args.compile_mode} if args.compile_mode else {}
-        f = m if name == "eager" else (ember.compile(m, **kw) if name == "ember"
-                                       else torch.compile(m, **kw))
+        if name in ("ember", "torch"):
+            f = ember.compile(m, **kw) if name == "ember" else torch.compile(m, **kw)
+        else:
+            f = make_compiled(name, m)
         amp = args.dtype == "bf16"
         if args.mode == "infer":
             def step(f=f):
@@ -77,10 +89,18 @@ def main() -> None:
         print(f"{name}: first call {time.perf_counter() - t0:.2f} s", flush=True)
         fns[name] = step
     times = {n: _time(f) for n, f in fns.items()}
+    try:  # how each CUDA-graphed callable ran (replays, eager calls, recordings)
+        from ember_cudagraphs.runtime import ALL
+        for g in ALL:
+            print(f"cudagraphs {g.name} ({g.kind}): {g.stats} refused={g.refused} "
+                  f"failed={g.failed}", flush=True)
+    except ImportError:
+        pass
     lines = [f"{args.model} {args.mode} {args.size} {args.dtype}, mode {args.compile_mode}, "
              f"{torch.cuda.get_device_name(0)}"]
-    for n, t in times.items():
-        lines.append(f"{n:6} {t:8.3f} ms  {times['eager'] / t:5.2f}x eager")
+    for n, (t, h) in times.items():
+        lines.append(f"{n:32} {t:8.3f} ms  {times[names[0]][0] / t:5.2f}x {names[0]}  "
+                     f"(host {h:.3f} ms per call)")
     print("\n".join(lines), flush=True)
     for n, f in fns.items():
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -94,7 +114,9 @@ def main() -> None:
         cpu = avg.table(sort_by="self_cpu_time_total", row_limit=min(args.top, 30),
                         max_name_column_width=70)
         lines += ["", f"== {n} (5 steps)", table, f"-- {n} host time", cpu]
-    with open(os.path.join(args.out, f"profile_{args.model}_{args.mode}_{args.dtype}_{args.compile_mode or 'default'}.txt"), "w") as fh:
+    with open(os.path.join(args.out, f"profile_{args.model}_{args.mode}_{args.dtype}_"
+                                        f"{args.compile_mode or 'default'}"
+                                        f"{'_variants' if args.variants else ''}.txt"), "w") as fh:
         fh.write("\n".join(lines) + "\n")
 
 

@@ -63,6 +63,15 @@ _MIN_REPEAT = 3
 DECISION_SECONDS = 0.15
 #: seconds of timing one compile may spend in all (see :func:`session`)
 COMPILE_SECONDS = 1.5
+#: On the CPU, how much faster than the default (the caller's choice without timing: what eager
+#: runs, for the libraries) another candidate must be to replace it. A few rounds on a shared machine resolve differences of several percent at
+#: best, and a kernel timed alone (its operands hot, a fresh output) is not the kernel inside
+#: the graph (operands from the previous kernel, outputs into reused buffers): on the demo
+#: model (AMD EPYC and Intel Xeon, 2 cores) oneDNN won two linear layers by 2.5-3% alone and
+#: lost the model 5% inside it. A change of library has to win clearly to be taken.
+CPU_MARGIN = 0.10
+#: what decides a choice besides its timings (part of every cache key: a new rule decides again)
+_RULE = ("margin", CPU_MARGIN)
 
 
 @functools.lru_cache(maxsize=None)
@@ -186,8 +195,8 @@ def _time_all_cuda(candidates: dict[str, Callable[[], Any]]) -> dict[str, float]
 
 
 def _key(kind: str, signature: Any, names: Sequence[str], machine_id: str | None = None) -> str:
-    return hashlib.sha256(repr((kind, signature, sorted(names), machine_id or machine_key())
-                               ).encode()).hexdigest()
+    return hashlib.sha256(repr((kind, signature, sorted(names), machine_id or machine_key(),
+                                _RULE)).encode()).hexdigest()
 
 
 def lookup(kind: str, signature: Any, names: Sequence[str],
@@ -212,7 +221,8 @@ def choose(kind: str, signature: Any, candidates: dict[str, Callable[[], Any]],
     """The fastest of ``candidates`` (name -> a call to time) for ``signature`` (anything with a
     stable repr: shapes, strides, dtypes), from the on-disk cache when it has the answer.
     ``default`` (else the first candidate) is returned untimed when this compile's timing
-    budget is spent. ``device="cuda"``: timed with CUDA events; ``machine_id``: the key of what
+    budget is spent; on the CPU it is kept unless another candidate is faster by
+    :data:`CPU_MARGIN`. ``device="cuda"``: timed with CUDA events; ``machine_id``: the key of what
     decides the choice there (the GPU's: runtime/triton.py ``machine_key``), default the
     CPU's (:func:`machine_key`)."""
     from .runtime.cache import put_text
@@ -234,6 +244,9 @@ def choose(kind: str, signature: Any, candidates: dict[str, Callable[[], Any]],
     if not times:
         return fallback
     choice = min(times, key=times.__getitem__)
+    if device != "cuda" and default in times and choice != default and \
+            times[choice] > times[default] * (1 - CPU_MARGIN):
+        choice = default  # within the noise of a CPU timing: keep the default
     counters["timed"] += 1
     put_text("autotune", _key(kind, signature, names, machine_id),
              json.dumps({"kind": kind, "signature": repr(signature), "choice": choice,
