@@ -326,3 +326,61 @@ def test_inductor_reduce_overhead_training_gradients_equal_eager(name):
     ws = _train_beside_eager(name, 4, rtol=5e-3, atol=5e-4, mode="reduce-overhead")
     assert _stat(ws, "replay", "forward") >= 2 and _stat(ws, "replay", "backward") >= 2, \
         [(g.name, g.stats, g.refused) for g in ws]
+
+
+class ConvBNNet(nn.Module):
+    """Freezing folds the BatchNorm into the convolution and may derive constants from the
+    linear layer's weight: every weight here feeds a folded constant."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8 * 8 * 8, 16)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.bn(self.conv(x))).flatten(1))
+
+
+@pytest.mark.parametrize("mode,freezing", [(None, True), ("reduce-overhead", True),
+                                          ("reduce-overhead", None)])
+def test_inductor_inference_sees_weights_changed_in_place(mode, freezing):
+    """Folded constants (freezing) under CUDA graphs: a replay runs no Python, so the check that
+    the frozen parameters are unchanged must run outside the recording, every call. Each kind
+    of in-place change must reach the result: an in-place op (version counter), copy_ through
+    load_state_dict (version counter), and a write through .data (content only)."""
+    model = ConvBNNet().to(DEV).eval()
+    with torch.no_grad():
+        model.bn.running_mean.uniform_(-0.5, 0.5)
+        model.bn.running_var.uniform_(0.5, 2.0)
+    before = _ids()
+    opts = {} if freezing is None else {"freezing": freezing}  # (off by default on CUDA)
+    if mode is not None:
+        opts["mode"] = mode
+    fast = ember.compile(model, options=opts or None)
+    x = torch.randn(2, 3, 8, 8, device=DEV)
+    changes = [
+        ("in-place op", lambda: model.conv.weight.mul_(1.5)),
+        ("load_state_dict", lambda: model.load_state_dict(
+            {k: v * 0.5 if v.is_floating_point() else v
+             for k, v in model.state_dict().items()})),
+        ("bn buffer in place", lambda: model.bn.running_var.add_(1.0)),
+        (".data write", lambda: model.fc.weight.data.mul_(-1.0)),
+        ("conv .data write", lambda: model.conv.weight.data.add_(0.25)),
+    ]
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(fast(x), model(x), rtol=1e-4, atol=1e-4)
+        for what, change in changes:
+            change()
+            for i in range(2):
+                torch.testing.assert_close(fast(x), model(x), rtol=1e-4, atol=1e-4,
+                                           msg=f"after {what}, call {i}")
+    if freezing:
+        from ember_inductor.freezing import FrozenCall
+        import gc
+        calls = [o for o in gc.get_objects() if isinstance(o, FrozenCall)]
+        assert calls and max(c.refolds for c in calls) >= 5, [c.refolds for c in calls]
+    if mode == "reduce-overhead":
+        ws = _wrappers(before)
+        assert ws and _stat(ws, "replay") >= 2, [(g.stats, g.refused) for g in ws]

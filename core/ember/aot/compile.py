@@ -458,7 +458,11 @@ def _reduce_overhead(fn: Callable[..., Any], gm: torch.fx.GraphModule, example: 
     """``mode="reduce-overhead"`` (and ``"max-autotune"``, as in torch.compile): record the
     compiled callable of a graph on CUDA into CUDA graphs (ember-cudagraphs' ``wrap``); elsewhere
     the default mode, with an info log. A callable whose ``ember_cudagraphs_refuse`` attribute
-    names a reason (a backend that knows its code cannot be recorded safely) runs without."""
+    names a reason (a backend that knows its code cannot be recorded safely) runs without. A
+    callable with per-call work that a replay would skip (a check of its inputs, folded
+    constants refreshed when they changed) has an ``ember_cudagraphs_split(wrap)`` method: it
+    records only its inner part, through ``wrap(fn, gm, example, context)``, keeps its own work
+    outside the recording, and returns the callable to use."""
     if getattr(fn, "_ember_cudagraphs", False) or backend == "cudagraphs":
         return fn
     gid = getattr(context, "graph_id", "?")
@@ -477,6 +481,9 @@ def _reduce_overhead(fn: Callable[..., Any], gm: torch.fx.GraphModule, example: 
         log.info("ember: CUDA graphs need ember-cudagraphs, which is not installed (pip install "
                  "./plugins/cudagraphs); graph %s compiled without them", gid)
         return fn
+    split = getattr(fn, "ember_cudagraphs_split", None)
+    if split is not None:
+        return split(lambda f, g, ex, ctx: ember_cudagraphs.wrap(f, g, ex, context=ctx))
     return ember_cudagraphs.wrap(fn, gm, example, context=context)
 
 

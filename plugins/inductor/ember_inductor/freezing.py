@@ -486,6 +486,29 @@ class FrozenCall:
         #: bytes of the frozen inputs the constants are computed from (known after the first call)
         self.watched_bytes = 0
         self._reported = False
+        #: (the frozen graph, its example inputs, its context) while a CUDA-graph recording of
+        #: the compiled graph may still be asked for (:meth:`ember_cudagraphs_split`)
+        self._graph: tuple[Any, list[Any], Any] | None = None
+
+    def ember_cudagraphs_split(self, wrap: Callable[..., Any]) -> "FrozenCall":
+        """Under CUDA graphs (``mode="reduce-overhead"``): record the compiled graph alone, the
+        folded constants among its inputs, read in place like parameters. A replay runs no
+        Python, so recording this whole callable would skip the check below on every replay
+        and answer a changed parameter with stale constants; here the check and the refold
+        stay outside, every call. A refold makes new constants at new addresses, which the
+        recording sees (as a moved parameter) and records again."""
+        if self._graph is None:
+            return self
+        from ember.context import InputInfo
+
+        gm, example, context = self._graph
+        self._graph = None
+        # the constants: inputs at stable addresses (kept here between refolds)
+        infos = tuple(context.inputs) + tuple(
+            InputInfo(kind="buffer", source="", stable_address=True)
+            for _ in range(len(example) - len(context.inputs)))
+        self.compiled = wrap(self.compiled, gm, example, context.derive(inputs=infos))
+        return self
 
     def _same_contents(self, ws: list[torch.Tensor]) -> bool:
         for t, s in zip(ws, self.snapshot):
@@ -524,6 +547,8 @@ class FrozenCall:
         return not same
 
     def __call__(self, *args: Any) -> Any:
+        if self._graph is not None:  # not recorded into CUDA graphs: drop the examples
+            self._graph = None
         ws = [args[i] for i in self.watch]
         if self._changed(ws):
             with torch.no_grad():
@@ -586,4 +611,9 @@ def freeze_and_compile(compile_fn: Callable[..., Any], gm: torch.fx.GraphModule,
         return None
     counters["graphs"] += 1
     counters["conv_bn"] += frozen.conv_bn
-    return FrozenCall(compiled, frozen, str(options.get("freezing_check", "content")))
+    call = FrozenCall(compiled, frozen, str(options.get("freezing_check", "content")))
+    if options.get("mode") in ("reduce-overhead", "max-autotune") and any(
+            isinstance(t, torch.Tensor) and t.is_cuda for t in example_inputs):
+        # core will record the compiled graph into CUDA graphs (ember_cudagraphs_split)
+        call._graph = (frozen.gm, list(example_inputs) + list(frozen.example_consts), context)
+    return call

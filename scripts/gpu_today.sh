@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# One device call (about 6 minutes), everything under $OUT:
+#   1. tests/cudagraphs/test_gpu.py (all: the new in-place weight-change test with them)
+#   2. host profiles (cProfile) of resnet50 inference and BERT training under
+#      ember-inductor@reduce-overhead and torch's, small sizes
+#   3. freezing's per-call check on the GPU (scripts/gpu_freeze_check.py, resnet50)
+#   4. the CUDA-graph tables again with the runner timing each step in its steady state
+#   OUT=... bash scripts/gpu_today.sh
+set -uo pipefail
+OUT="${OUT:-$PWD/gpu_out}"; mkdir -p "$OUT"
+export EMBER_CACHE_DIR=/tmp/ember_today_cache
+source scripts/gpu_env.sh
+timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/cudagraphs/test_gpu.py \
+  >"$OUT/tests.log" 2>&1; echo "tests rc=$?"; tail -3 "$OUT/tests.log"
+grep -E "^(FAILED|ERROR)|Error|assert" "$OUT/tests.log" | head -20
+for v in ember-inductor@reduce-overhead torch-inductor@reduce-overhead; do
+  timeout 60 python3 scripts/gpu_host_profile.py --model resnet50 --mode infer --variant $v \
+    >"$OUT/host_resnet50_$v.log" 2>&1; echo "host resnet50 $v rc=$?"; head -1 "$OUT/host_resnet50_$v.log"
+  timeout 60 python3 scripts/gpu_host_profile.py --model bert --mode train --variant $v \
+    >"$OUT/host_bert_train_$v.log" 2>&1; echo "host bert $v rc=$?"; head -1 "$OUT/host_bert_train_$v.log"
+done
+timeout 80 python3 scripts/gpu_freeze_check.py --model resnet50 >"$OUT/freeze_check.log" 2>&1
+echo "freeze rc=$?"; tail -8 "$OUT/freeze_check.log"
+OVERHEAD_TIMEOUT=40 timeout 240 bash scripts/gpu_cudagraphs.sh bench >"$OUT/cg_bench.txt" 2>&1
+echo "bench rc=$?"; grep -E "ms \(peak|over eager|^ember|^torch|^eager" "$OUT/cg_bench.txt" | cut -c1-260
