@@ -13,6 +13,15 @@ source scripts/gpu_env.sh
 timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/cudagraphs/test_gpu.py \
   >"$OUT/tests.log" 2>&1; echo "tests rc=$?"; tail -3 "$OUT/tests.log"
 grep -E "^(FAILED|ERROR)|Error|assert" "$OUT/tests.log" | head -20
+# the same test without the split (the whole FrozenCall recorded): expected to fail (stale)
+timeout 90 python3 - >"$OUT/tests_nosplit.log" 2>&1 <<'PY'
+import sys, pytest
+import ember_inductor.freezing as fr
+del fr.FrozenCall.ember_cudagraphs_split
+sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", "tests/cudagraphs/test_gpu.py",
+                      "-k", "weights_changed_in_place"]))
+PY
+echo "without the split rc=$? (1 expected)"; grep -E "^FAILED|passed|failed|after " "$OUT/tests_nosplit.log" | head -8
 for v in ember-inductor@reduce-overhead torch-inductor@reduce-overhead; do
   timeout 60 python3 scripts/gpu_host_profile.py --model resnet50 --mode infer --variant $v \
     >"$OUT/host_resnet50_$v.log" 2>&1; echo "host resnet50 $v rc=$?"; head -1 "$OUT/host_resnet50_$v.log"
