@@ -3,10 +3,12 @@
 #   1. tests/cudagraphs/test_gpu.py (all: the new in-place weight-change test with them)
 #   2. host profiles (cProfile) of resnet50 inference and BERT training under
 #      ember-inductor@reduce-overhead and torch's, small sizes
-#   3. freezing's per-call check on the GPU (scripts/gpu_freeze_check.py, resnet50)
-#   4. the CUDA-graph tables again with the runner timing each step in its steady state
+#   3. the CUDA-graph tables again with the runner timing each step in its steady state
+#   4. with the time left (the call's limit is 600 s): GPT-2 training, full size, bf16, with
+#      Ember's generated code (EMBER_LOGS=output_code), kernels by CUDA time beside torch's
 #   OUT=... bash scripts/gpu_today.sh
 set -uo pipefail
+T0=$(date +%s)
 OUT="${OUT:-$PWD/gpu_out}"; mkdir -p "$OUT"
 export EMBER_CACHE_DIR=/tmp/ember_today_cache
 source scripts/gpu_env.sh
@@ -23,12 +25,18 @@ sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", "tests/cudagraphs/test_gpu
 PY
 echo "without the split rc=$? (1 expected)"; grep -E "^FAILED|passed|failed|after " "$OUT/tests_nosplit.log" | head -8
 for v in ember-inductor@reduce-overhead torch-inductor@reduce-overhead; do
-  timeout 60 python3 scripts/gpu_host_profile.py --model resnet50 --mode infer --variant $v \
+  timeout 45 python3 scripts/gpu_host_profile.py --model resnet50 --mode infer --variant $v --calls 100 \
     >"$OUT/host_resnet50_$v.log" 2>&1; echo "host resnet50 $v rc=$?"; head -1 "$OUT/host_resnet50_$v.log"
-  timeout 60 python3 scripts/gpu_host_profile.py --model bert --mode train --variant $v \
+  timeout 45 python3 scripts/gpu_host_profile.py --model bert --mode train --variant $v --calls 100 \
     >"$OUT/host_bert_train_$v.log" 2>&1; echo "host bert $v rc=$?"; head -1 "$OUT/host_bert_train_$v.log"
 done
-timeout 80 python3 scripts/gpu_freeze_check.py --model resnet50 >"$OUT/freeze_check.log" 2>&1
-echo "freeze rc=$?"; tail -8 "$OUT/freeze_check.log"
 OVERHEAD_TIMEOUT=40 timeout 240 bash scripts/gpu_cudagraphs.sh bench >"$OUT/cg_bench.txt" 2>&1
 echo "bench rc=$?"; grep -E "ms \(peak|over eager|^ember|^torch|^eager" "$OUT/cg_bench.txt" | cut -c1-260
+left=$(( 575 - ($(date +%s) - T0) ))
+if [ $left -gt 60 ]; then
+  EMBER_LOGS=output_code timeout $left python3 scripts/gpu_profile.py --model gpt2 --mode train \
+    --size full --out "$OUT/profile" --top 60 >"$OUT/profile_gpt2_train.log" 2>&1
+  echo "gpt2 train profile rc=$? (limit ${left}s)"; grep -A4 "bf16, mode" "$OUT"/profile/*.txt
+else
+  echo "no time left for the GPT-2 profile"
+fi
