@@ -18,7 +18,7 @@ sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", "tests/cudagraphs/test_gpu
                       "-k", "weights_changed_in_place"]))
 PY
 echo "without the split rc=$? (1 expected)"; grep -E "^FAILED|passed|failed|after " "$OUT/tests_nosplit.log" | head -8
-for spec in "bert train ember" "bert train torch" "resnet50 infer ember"; do
+for spec in "resnet50 infer ember" "bert train ember" "bert train torch"; do
   set -- $spec
   timeout 45 python3 scripts/gpu_host_profile.py --model $1 --mode $2 --calls 100 \
     --variant $3-inductor@reduce-overhead >"$OUT/host_$1_$2_$3.log" 2>&1
