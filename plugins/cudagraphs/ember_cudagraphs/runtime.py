@@ -84,6 +84,7 @@ class CudaOps:
 
     def __init__(self) -> None:
         self._streams: dict[int, Any] = {}
+        self._make = getattr(torch._C, "_construct_CUDA_Tensor_From_Storage_And_Metadata", None)
 
     def new_pool(self, device: torch.device) -> Any:
         with torch.cuda.device(device):
@@ -159,7 +160,7 @@ class CudaOps:
 
     def tensor(self, storage: Any, meta: dict[str, Any]) -> torch.Tensor:
         """A tensor over ``storage`` with the geometry in ``meta``."""
-        make = getattr(torch._C, "_construct_CUDA_Tensor_From_Storage_And_Metadata", None)
+        make = self._make
         if make is not None and meta["device"].type == "cuda":
             return make(meta, storage)
         t = torch.empty(0, dtype=meta["dtype"], device=meta["device"])
@@ -342,9 +343,11 @@ class Recording:
         self.retired = False
         # (input index, data_ptr, stride, kind, shape) for inputs read in place ("param"/"pool")
         self.in_place: list[tuple[int, int, tuple[int, ...], str, Any]] = []
-        # the same for the parameters, as checked per call: positions, and data_ptr by position
+        # as checked per call: the parameters' positions, the positions of every input read in
+        # place (parameters, then other recordings' outputs), and data_ptr by position
         self.param_idx: list[int] = []
-        self.param_ptrs: list[int] = []
+        self.ptr_idx: list[int] = []
+        self.ptrs: list[int] = []
         # (input index, data_ptr, stride, shape, weakref to the producing Recording)
         self.pool_in_place: list[tuple[int, int, tuple[int, ...], Any, Any]] = []
         # (input index, static buffer) for inputs copied before each replay
@@ -524,8 +527,21 @@ class CUDAGraphed:
     def _check_inputs(self, rec: Recording, args: Sequence[Any]) -> str:
         """Parameters and buffers: their addresses (their shapes are Ember's guards'); other
         recordings' outputs read in place: address, geometry, and that they are still ours."""
-        if rec.param_idx and not ops().ptrs_equal(args, rec.param_ptrs, rec.param_idx):
-            moved = [i for i in rec.param_idx if args[i].data_ptr() != rec.param_ptrs[i]]
+        # every address at once (one C++ call): parameters, then other recordings' outputs
+        if rec.ptr_idx and ops().ptrs_equal(args, rec.ptrs, rec.ptr_idx):
+            # all where they were recorded: the outputs read in place need their geometry and
+            # a producer still live (its storages are then still its own, so still ours)
+            for i, _, stride, shape, producer in rec.pool_in_place:
+                a = args[i]
+                p = producer()
+                if p is None or p.retired:
+                    return (f"input {i} came from a recording that was since replaced (its "
+                            "parameters moved)")
+                if a.stride() != stride or a.shape != shape:
+                    return "pool"
+            return "ok"
+        if rec.param_idx and not ops().ptrs_equal(args, rec.ptrs, rec.param_idx):
+            moved = [i for i in rec.param_idx if args[i].data_ptr() != rec.ptrs[i]]
             return (f"input {moved[0] if moved else '?'} (a parameter or buffer) moved since "
                     "the recording (replaced, .to(), load_state_dict(assign=True), or an "
                     "optimizer that swaps tensors)")
@@ -605,10 +621,10 @@ class CUDAGraphed:
                 rec.copied.append((i, buf))
                 static_args.append(buf)
         rec.param_idx = [r[0] for r in rec.in_place if r[3] == "param"]
-        rec.param_ptrs = [0] * len(args)
+        rec.ptr_idx = rec.param_idx + [r[0] for r in rec.pool_in_place]
+        rec.ptrs = [0] * len(args)
         for r in rec.in_place:
-            if r[3] == "param":
-                rec.param_ptrs[r[0]] = r[1]
+            rec.ptrs[r[0]] = r[1]
         graph, outs = o.record(self.fn, static_args, self.pool.get_handle(), dev, self.generators)
         rec.graph = graph
         rec.order = next(self.pool.order)
