@@ -288,3 +288,69 @@ def test_callables_recorded_into_cuda_graphs_keep_no_buffers_between_calls():
         "mode": "reduce-overhead", "buffer_pool": False}
     aot_eager = ember.get_backend("aot_eager")
     assert _no_kept_buffers({"mode": "reduce-overhead"}, aot_eager) == {"mode": "reduce-overhead"}
+
+
+class _ConvBN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8 * 6 * 6, 4)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.bn(self.conv(x))).flatten(1))
+
+
+def test_frozen_graph_records_only_its_compiled_graph_and_checks_outside(monkeypatch):
+    """Inductor's freezing under reduce-overhead (CPU fake graphs standing in for CUDA's): core
+    hands the recording to the FrozenCall (ember_cudagraphs_split), which records the compiled
+    graph with the folded constants as inputs read in place and keeps its per-call check
+    outside. A parameter changed in place refolds, the new constants sit at new addresses,
+    and the graph records again: every result equals eager's."""
+    import ember.aot.compile as aot_compile
+    from ember_inductor import freezing
+
+    ops = FakeOps()
+    prev = runtime.set_ops(ops)
+    made: list[CUDAGraphed] = []
+    wrapped: list[object] = []
+
+    def wrap(fn, gm, example, ctx):
+        wrapped.append(fn)
+        g = for_graph(fn, name=ctx.graph_id, kind=ctx.kind, device=torch.device("cpu"),
+                      inputs=ctx.inputs)
+        made.append(g)
+        return g
+
+    def reduce_overhead(fn, gm, example, context, backend):  # core's, minus the CUDA test
+        split = getattr(fn, "ember_cudagraphs_split", None)
+        return split(wrap) if split is not None else wrap(fn, gm, example, context)
+
+    monkeypatch.setattr(aot_compile, "_reduce_overhead", reduce_overhead)
+    monkeypatch.setattr(freezing, "_recorded", lambda options, example: True)
+    try:
+        ember.reset()
+        torch.manual_seed(0)
+        model = _ConvBN().eval()
+        with torch.no_grad():
+            model.bn.running_mean.uniform_(-0.5, 0.5)
+            model.bn.running_var.uniform_(0.5, 2.0)
+        fast = ember.compile(model, options={"mode": "reduce-overhead"})
+        x = torch.randn(2, 3, 6, 6)
+        with torch.no_grad():
+            for _ in range(3):
+                torch.testing.assert_close(fast(x), model(x))
+            for change in (lambda: model.conv.weight.data.mul_(-1.0),  # content only
+                           lambda: model.bn.running_var.add_(1.0),  # version counter
+                           lambda: model.load_state_dict(model.state_dict())):  # copy_
+                change()
+                for _ in range(2):
+                    torch.testing.assert_close(fast(x), model(x))
+        assert len(made) == 1 and not isinstance(wrapped[0], freezing.FrozenCall)
+        g = made[0]
+        # the constants are inputs read in place: a refold (new addresses) records again
+        assert g.stats["record"] >= 3 and g.stats["replay"] >= 2, g.stats
+        assert g.stats["eager"] == 0, g.stats
+    finally:
+        ember.reset()
+        runtime.set_ops(prev)

@@ -612,8 +612,13 @@ def freeze_and_compile(compile_fn: Callable[..., Any], gm: torch.fx.GraphModule,
     counters["graphs"] += 1
     counters["conv_bn"] += frozen.conv_bn
     call = FrozenCall(compiled, frozen, str(options.get("freezing_check", "content")))
-    if options.get("mode") in ("reduce-overhead", "max-autotune") and any(
-            isinstance(t, torch.Tensor) and t.is_cuda for t in example_inputs):
+    if _recorded(options, example_inputs):
         # core will record the compiled graph into CUDA graphs (ember_cudagraphs_split)
         call._graph = (frozen.gm, list(example_inputs) + list(frozen.example_consts), context)
     return call
+
+
+def _recorded(options: dict[str, Any], example_inputs: Sequence[Any]) -> bool:
+    """Will core record this graph into CUDA graphs (``mode="reduce-overhead"`` on CUDA)?"""
+    return options.get("mode") in ("reduce-overhead", "max-autotune") and any(
+        isinstance(t, torch.Tensor) and t.is_cuda for t in example_inputs)
