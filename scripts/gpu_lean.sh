@@ -7,8 +7,10 @@ set -uo pipefail
 OUT="${OUT:-$PWD/gpu_out}"; mkdir -p "$OUT"
 export EMBER_CACHE_DIR=/tmp/ember_lean_cache
 source scripts/gpu_env.sh
-timeout 100 python3 -m pytest -q -x -p no:cacheprovider tests/cudagraphs/test_gpu.py \
-  -k "weights_changed or inductor_reduce_overhead or parameter_replaced" >"$OUT/tests.log" 2>&1
+# TESTS_K: which GPU tests (default the in-place and reduce-overhead ones; empty: all)
+K="${TESTS_K-weights_changed or inductor_reduce_overhead or parameter_replaced}"
+timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/cudagraphs/test_gpu.py \
+  ${K:+-k "$K"} >"$OUT/tests.log" 2>&1
 echo "tests rc=$?"; tail -2 "$OUT/tests.log"; grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head
 timeout 60 python3 - >"$OUT/tests_nosplit.log" 2>&1 <<'PY'
 import sys, pytest

@@ -64,11 +64,12 @@ DECISION_SECONDS = 0.15
 #: seconds of timing one compile may spend in all (see :func:`session`)
 COMPILE_SECONDS = 1.5
 #: On the CPU, how much faster than the default (the caller's choice without timing: what eager
-#: runs, for the libraries) another candidate must be to replace it. A few rounds on a shared machine resolve differences of several percent at
-#: best, and a kernel timed alone (its operands hot, a fresh output) is not the kernel inside
-#: the graph (operands from the previous kernel, outputs into reused buffers): on the demo
-#: model (AMD EPYC and Intel Xeon, 2 cores) oneDNN won two linear layers by 2.5-3% alone and
-#: lost the model 5% inside it. A change of library has to win clearly to be taken.
+#: runs, for the libraries) another candidate must be to replace it. A few rounds on a shared
+#: machine resolve differences of several percent at best, and a kernel timed alone (operands
+#: hot, a fresh output) is not the kernel inside the graph (operands from the previous kernel,
+#: outputs into reused buffers): on the demo model (AMD EPYC, 2 cores) oneDNN won two linear
+#: layers by 2.5-3% alone and lost the model 5% inside it (on an Intel Xeon, forcing ATen's
+#: addmm closed the same gap). A change of library has to win clearly to be taken.
 CPU_MARGIN = 0.10
 #: what decides a choice besides its timings (part of every cache key: a new rule decides again)
 _RULE = ("margin", CPU_MARGIN)

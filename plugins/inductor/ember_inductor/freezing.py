@@ -486,8 +486,8 @@ class FrozenCall:
         #: bytes of the frozen inputs the constants are computed from (known after the first call)
         self.watched_bytes = 0
         self._reported = False
-        #: (the frozen graph, its example inputs, its context) while a CUDA-graph recording of
-        #: the compiled graph may still be asked for (:meth:`ember_cudagraphs_split`)
+        #: (the frozen graph, its example inputs, its context) until the first call: what a
+        #: CUDA-graph recording of the compiled graph needs (:meth:`ember_cudagraphs_split`)
         self._graph: tuple[Any, list[Any], Any] | None = None
 
     def ember_cudagraphs_split(self, wrap: Callable[..., Any]) -> "FrozenCall":
@@ -547,7 +547,7 @@ class FrozenCall:
         return not same
 
     def __call__(self, *args: Any) -> Any:
-        if self._graph is not None:  # not recorded into CUDA graphs: drop the examples
+        if self._graph is not None:  # compiled and called: the examples are not needed
             self._graph = None
         ws = [args[i] for i in self.watch]
         if self._changed(ws):
@@ -612,13 +612,7 @@ def freeze_and_compile(compile_fn: Callable[..., Any], gm: torch.fx.GraphModule,
     counters["graphs"] += 1
     counters["conv_bn"] += frozen.conv_bn
     call = FrozenCall(compiled, frozen, str(options.get("freezing_check", "content")))
-    if _recorded(options, example_inputs):
-        # core will record the compiled graph into CUDA graphs (ember_cudagraphs_split)
-        call._graph = (frozen.gm, list(example_inputs) + list(frozen.example_consts), context)
+    # for core, if it records this graph into CUDA graphs (ember_cudagraphs_split); released by
+    # the split or by the first call, which follows the compile at once
+    call._graph = (frozen.gm, list(example_inputs) + list(frozen.example_consts), context)
     return call
-
-
-def _recorded(options: dict[str, Any], example_inputs: Sequence[Any]) -> bool:
-    """Will core record this graph into CUDA graphs (``mode="reduce-overhead"`` on CUDA)?"""
-    return options.get("mode") in ("reduce-overhead", "max-autotune") and any(
-        isinstance(t, torch.Tensor) and t.is_cuda for t in example_inputs)
